@@ -1,0 +1,1 @@
+//! A real kube-apiserver + etcd control plane for tests and `bucketmap dev`.
