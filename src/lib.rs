@@ -1,5 +1,80 @@
 //! bucketmap: a Kubernetes operator that turns `Gcs` resources into real,
 //! uniquely named Google Cloud Storage buckets.
+//!
+//! - [`crd`]: the `Gcs` resource (the CRD is generated from these types);
+//! - [`naming`]: deterministic physical names and ownership labels;
+//! - [`settings`]: desired vs observed bucket settings (drift);
+//! - [`gcs`]: bucket operations through the official `google-cloud-storage` crate;
+//! - [`controller`]: the reconciler;
+//! - [`metrics`], [`telemetry`]: operations;
+//! - [`testenv`], [`mock_gcs`]: a real local control plane and an in-memory
+//!   GCS, used by the tests, the benchmark and `bucketmap dev`.
 
+pub mod bench;
+pub mod conditions;
+pub mod controller;
+pub mod crd;
+pub mod dev;
+pub mod gcs;
+pub mod metrics;
 pub mod mock_gcs;
+pub mod naming;
+pub mod settings;
+pub mod telemetry;
 pub mod testenv;
+
+/// Chooses the process-wide rustls crypto provider. Both ring (kube-rs) and
+/// aws-lc-rs (the Google crates) are linked in, so rustls cannot choose on its
+/// own; call this before building any client. Idempotent.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race against another installer is fine: any provider works.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Errors of a reconciliation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("cannot {action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A GCS call failed.
+    #[error(transparent)]
+    Gcs(#[from] gcs::GcsError),
+    /// The bucket cannot be deleted yet (it is not empty).
+    #[error("{0}")]
+    DeletionBlocked(String),
+    /// The object lacks a field every stored object has.
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn metric_label(&self) -> String {
+        match self {
+            Error::Kube { .. } => "kube".into(),
+            Error::Gcs(e) => format!("gcs_{}", e.code_label().to_ascii_lowercase()),
+            Error::DeletionBlocked(_) => "deletion_blocked".into(),
+            Error::MissingField(_) => "missing_field".into(),
+            Error::Finalizer(_) => "finalizer".into(),
+        }
+    }
+
+    /// Wraps a Kubernetes API error with what was being done.
+    pub fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let action = action.into();
+        move |source| Error::Kube { action, source }
+    }
+}
+
+/// Result of reconciler steps.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

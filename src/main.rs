@@ -1,1 +1,209 @@
-fn main() {}
+//! The `bucketmap` command: the operator and its tools.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use kube::CustomResourceExt;
+
+use bucketmap::controller::{self, OperatorConfig};
+use bucketmap::crd::Gcs;
+use bucketmap::gcs::{GcsClient, GcsConfig};
+use bucketmap::metrics::{self, Health, Metrics};
+use bucketmap::telemetry::{self, LogFormat};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "bucketmap",
+    version,
+    about = "Google Cloud Storage buckets from Kubernetes, one logical name everywhere"
+)]
+struct Cli {
+    /// Log format.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "BUCKETMAP_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the operator against the cluster of the current kubeconfig (or in-cluster).
+    Operator(OperatorArgs),
+    /// Print the CustomResourceDefinition (deploy/crd.yaml is this output).
+    Crd,
+    /// Start a local control plane and mock GCS, run the operator, apply examples/.
+    Dev(DevArgs),
+    /// Measure the operator at scale against the mock GCS on a local control plane.
+    Bench(bucketmap::bench::BenchArgs),
+    /// Serve the in-memory mock GCS (google.storage.v2 gRPC) until interrupted.
+    MockGcs {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+struct GcsArgs {
+    /// GCS endpoint (default: https://storage.googleapis.com), e.g. an emulator.
+    #[arg(long, env = "BUCKETMAP_GCS_ENDPOINT")]
+    gcs_endpoint: Option<String>,
+    /// Send no credentials to GCS (emulators); otherwise Application Default Credentials.
+    #[arg(long, env = "BUCKETMAP_GCS_ANONYMOUS")]
+    gcs_anonymous: bool,
+}
+
+#[derive(Args, Debug)]
+struct OperatorArgs {
+    #[command(flatten)]
+    gcs: GcsArgs,
+    /// Project for resources whose spec and namespace name none.
+    #[arg(long, env = "BUCKETMAP_DEFAULT_PROJECT")]
+    default_project: Option<String>,
+    /// Drift check period per resource (jittered ±10 %).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    resync: Duration,
+    /// Minimum interval between bucket creates/deletes per project (GCS allows ~1 per 2 s); 0 disables.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    bucket_ops_interval: Duration,
+    /// Candidate names tried before reporting NameConflict.
+    #[arg(long, default_value_t = 5)]
+    max_name_attempts: u32,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "BUCKETMAP_NAMESPACE")]
+    namespace: Option<String>,
+    /// Reconciles in parallel (0: unbounded).
+    #[arg(long, default_value_t = 32)]
+    concurrency: u16,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+}
+
+#[derive(Args, Debug)]
+struct DevArgs {
+    #[command(flatten)]
+    gcs: GcsArgs,
+    /// Also write the local control plane's kubeconfig here.
+    #[arg(long)]
+    kubeconfig_out: Option<PathBuf>,
+    /// Directory of manifests to apply.
+    #[arg(long, default_value = "examples")]
+    examples: PathBuf,
+    /// Project for resources that name none.
+    #[arg(long, default_value = "bucketmap-dev")]
+    default_project: String,
+    /// Exit once the examples are Ready instead of running until interrupted.
+    #[arg(long)]
+    exit_when_ready: bool,
+}
+
+fn operator_config(args: &OperatorArgs) -> OperatorConfig {
+    OperatorConfig {
+        default_project: args.default_project.clone(),
+        resync: args.resync,
+        max_name_attempts: args.max_name_attempts.max(1),
+        namespace: args.namespace.clone(),
+        concurrency: args.concurrency,
+        bucket_ops_interval: Some(args.bucket_ops_interval),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot reach the Kubernetes API (kubeconfig or in-cluster config)")?;
+    let metrics = Arc::new(Metrics::default());
+    let gcs_config = GcsConfig {
+        endpoint: args.gcs.gcs_endpoint.clone(),
+        anonymous: args.gcs.gcs_anonymous,
+    };
+    let gcs = GcsClient::connect(&gcs_config, metrics.clone()).await?;
+    let health = Health::new(metrics.clone());
+    let server = tokio::spawn(metrics::serve(
+        args.metrics_addr,
+        health.clone(),
+        shutdown_signal(),
+    ));
+    let ready = health.clone();
+    controller::run(
+        client,
+        gcs,
+        metrics,
+        operator_config(&args),
+        move || ready.set_ready(true),
+        shutdown_signal(),
+    )
+    .await;
+    health.set_ready(false);
+    server.await.context("metrics server task")??;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format);
+    bucketmap::install_crypto_provider();
+    match cli.command {
+        Command::Operator(args) => run_operator(args).await,
+        Command::Bench(args) => bucketmap::bench::bench(args).await,
+        Command::Crd => {
+            let yaml = serde_yaml::to_string(&Gcs::crd()).context("cannot render the CRD")?;
+            print!("{yaml}");
+            Ok(())
+        }
+        Command::Dev(args) => {
+            bucketmap::dev::run(bucketmap::dev::DevOptions {
+                gcs_endpoint: args.gcs.gcs_endpoint,
+                gcs_anonymous: args.gcs.gcs_anonymous,
+                kubeconfig_out: args.kubeconfig_out,
+                examples: args.examples,
+                default_project: args.default_project,
+                exit_when_ready: args.exit_when_ready,
+            })
+            .await
+        }
+        Command::MockGcs { listen } => {
+            let mock = bucketmap::mock_gcs::MockGcs::start_on(listen).await?;
+            println!("mock GCS listening on {}", mock.endpoint());
+            shutdown_signal().await;
+            mock.shutdown().await;
+            Ok(())
+        }
+    }
+}

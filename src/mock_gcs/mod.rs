@@ -1,1 +1,292 @@
 //! In-memory google.storage.v2 gRPC server used by tests, benchmarks and `bucketmap dev`.
+//!
+//! [`MockGcs`] serves the unary bucket and object-metadata methods of
+//! `google.storage.v2.Storage` (CreateBucket, GetBucket, UpdateBucket,
+//! DeleteBucket, ListBuckets, ListObjects, DeleteObject, GetObject) over
+//! plaintext HTTP/2 on a local port, with GCS semantics: global bucket ids,
+//! metageneration preconditions, field-mask updates, non-empty bucket
+//! protection, object versioning. Other methods answer UNIMPLEMENTED.
+//!
+//! Point the official client at it with
+//! `StorageControl::builder().with_endpoint(mock.endpoint())` and anonymous
+//! credentials. Tests arrange and inspect state, inject faults, latency and
+//! quota errors through a [`MockHandle`].
+//!
+//! Names: handle methods take plain bucket ids (`photos-k3x9q2mw`) and plain
+//! project ids (`acme-staging`); on the wire buckets are
+//! `projects/_/buckets/{id}` and a bucket's `project` is `projects/{project}`.
+
+mod buckets;
+mod faults;
+mod objects;
+pub(crate) mod service;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use faults::{Call, Fault};
+pub use googleapis_tonic_google_storage_v2::google::storage::v2 as proto;
+
+use service::{MockService, StorageServer};
+use state::State;
+
+/// How long [`MockGcs::shutdown`] waits for open calls before aborting.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// A running mock GCS server. Stops when dropped or [`shut down`](Self::shutdown).
+#[derive(Debug)]
+pub struct MockGcs {
+    addr: SocketAddr,
+    handle: MockHandle,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl MockGcs {
+    /// Starts a mock with empty state on a free port of 127.0.0.1.
+    pub async fn start() -> anyhow::Result<MockGcs> {
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await
+    }
+
+    /// Starts a mock with empty state on `addr` (port 0 picks a free port).
+    pub async fn start_on(addr: SocketAddr) -> anyhow::Result<MockGcs> {
+        Self::start_with(addr, MockHandle::new()).await
+    }
+
+    /// Serves existing state on `addr`: lets a test stop a mock and start
+    /// it again (an outage) without losing buckets, faults or the call log.
+    pub async fn start_with(addr: SocketAddr, handle: MockHandle) -> anyhow::Result<MockGcs> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot bind the mock GCS to {addr}"))?;
+        let addr = listener
+            .local_addr()
+            .with_context(|| format!("cannot read the address the mock GCS bound for {addr}"))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let service = StorageServer::new(MockService::new(handle.state.clone()));
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    // A dropped sender also means stop.
+                    let _ = stopped.await;
+                }),
+        );
+        tracing::debug!(%addr, "mock GCS listening");
+        Ok(MockGcs {
+            addr,
+            handle,
+            stop: Some(stop),
+            server: Some(server),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The endpoint for clients, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        let host = if self.addr.ip().is_unspecified() {
+            SocketAddr::from((Ipv4Addr::LOCALHOST, self.addr.port()))
+        } else {
+            self.addr
+        };
+        format!("http://{host}")
+    }
+
+    /// A handle on the mock's state; cheap to clone, shares the state.
+    pub fn handle(&self) -> MockHandle {
+        self.handle.clone()
+    }
+
+    /// Stops accepting connections, lets open calls finish (for a few
+    /// seconds at most) and releases the port.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let Some(mut server) = self.server.take() else {
+            return;
+        };
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(err))) => tracing::warn!(addr = %self.addr, "mock GCS server failed: {err}"),
+            Ok(Err(err)) => tracing::warn!(addr = %self.addr, "mock GCS server task failed: {err}"),
+            Err(_) => {
+                tracing::warn!(addr = %self.addr, "mock GCS did not stop in {SHUTDOWN_GRACE:?}; aborting it");
+                server.abort();
+            }
+        }
+    }
+}
+
+impl Drop for MockGcs {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
+}
+
+/// Shared access to a mock's state, for tests to arrange and inspect it.
+///
+/// Bucket arguments are plain ids (`photos-k3x9q2mw`), projects plain ids
+/// (`acme-staging`). Changes made here are not logged as calls and bypass
+/// faults and quota.
+#[derive(Debug, Clone, Default)]
+pub struct MockHandle {
+    state: Arc<Mutex<State>>,
+}
+
+impl MockHandle {
+    /// Empty state, not served yet (see [`MockGcs::start_with`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// All buckets, by id.
+    pub fn buckets(&self) -> Vec<proto::Bucket> {
+        self.lock().buckets.values().cloned().collect()
+    }
+
+    /// The bucket with id `id`.
+    pub fn bucket(&self, id: &str) -> Option<proto::Bucket> {
+        self.lock().buckets.get(id).cloned()
+    }
+
+    /// The plain project id owning bucket `id`.
+    pub fn bucket_project(&self, id: &str) -> Option<String> {
+        self.lock().bucket_project(id)
+    }
+
+    /// Stores `bucket` in `project` as if it had been created there (e.g. a
+    /// foreign bucket already holding a name), replacing any bucket with the
+    /// same id. The id comes from `bucket_id`, else the last segment of
+    /// `name`; missing server-side fields get CreateBucket's defaults, and
+    /// the metageneration is at least 1. Returns the stored bucket.
+    pub fn insert_bucket(
+        &self,
+        project: &str,
+        bucket: proto::Bucket,
+    ) -> anyhow::Result<proto::Bucket> {
+        self.lock().insert_bucket(project, bucket)
+    }
+
+    /// Deletes bucket `id` and its objects out of band (ignoring whether it
+    /// is empty). Returns the removed bucket.
+    pub fn remove_bucket(&self, id: &str) -> Option<proto::Bucket> {
+        let mut state = self.lock();
+        state.objects.remove(id);
+        state.buckets.remove(id)
+    }
+
+    /// Edits bucket `id` out of band (drift): applies `change`, then bumps
+    /// the metageneration, update time and etag. Returns the new bucket.
+    pub fn modify_bucket(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut proto::Bucket),
+    ) -> anyhow::Result<proto::Bucket> {
+        self.lock().modify_bucket(id, change)
+    }
+
+    /// Writes a new live generation of object `name` in bucket `bucket`.
+    /// If the bucket has versioning enabled the previous live generation
+    /// becomes noncurrent (it gets a `delete_time`), otherwise it is
+    /// replaced. Fails if the bucket does not exist.
+    pub fn put_object(&self, bucket: &str, name: &str) -> anyhow::Result<proto::Object> {
+        self.lock().put_object(bucket, name)
+    }
+
+    /// All generations (live and noncurrent) of all objects in `bucket`, by
+    /// name then generation; noncurrent ones have a `delete_time`.
+    pub fn objects(&self, bucket: &str) -> Vec<proto::Object> {
+        self.lock().objects_in(bucket)
+    }
+
+    /// Removes every object generation from `bucket`.
+    pub fn clear_objects(&self, bucket: &str) {
+        self.lock().objects.remove(bucket);
+    }
+
+    /// Every call answered so far (including failed ones), in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.lock().controls.calls.clone()
+    }
+
+    /// How many calls of `method` (e.g. `"CreateBucket"`) were answered.
+    pub fn call_count(&self, method: &str) -> usize {
+        self.lock()
+            .controls
+            .calls
+            .iter()
+            .filter(|c| c.method == method)
+            .count()
+    }
+
+    /// Forgets the call log.
+    pub fn reset_calls(&self) {
+        self.lock().controls.calls.clear();
+    }
+
+    /// Adds a fault; faults are matched in the order they were added.
+    pub fn add_fault(&self, fault: Fault) {
+        self.lock().controls.faults.push(fault);
+    }
+
+    /// Removes all faults.
+    pub fn clear_faults(&self) {
+        self.lock().controls.faults.clear();
+    }
+
+    /// Delays every call of `method` (`None`: of every method without its
+    /// own setting) by `latency` before it is processed. The call completes
+    /// on the server even if the client gives up. A zero duration removes
+    /// the setting.
+    pub fn set_latency(&self, method: Option<String>, latency: Duration) {
+        let mut state = self.lock();
+        if latency.is_zero() {
+            state.controls.latency.remove(&method);
+        } else {
+            state.controls.latency.insert(method, latency);
+        }
+    }
+
+    /// Per-project bucket quota like GCS's (about one create or delete per
+    /// two seconds): a CreateBucket or DeleteBucket in a project sooner than
+    /// `interval` after the previous accepted one in that project answers
+    /// RESOURCE_EXHAUSTED and counts in [`quota_errors`](Self::quota_errors).
+    /// `None` disables the limit.
+    pub fn set_bucket_rate_limit(&self, interval: Option<Duration>) {
+        self.lock().controls.bucket_rate_limit = interval;
+    }
+
+    /// How many calls the bucket rate limit rejected.
+    pub fn quota_errors(&self) -> usize {
+        self.lock().controls.quota_errors
+    }
+}
+
+/// Locks the state; a panic in another holder (only possible in tests)
+/// does not make the state unusable.
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,77 @@
+//! Generates the server half of `google.storage.v2.Storage` for the in-repo
+//! mock GCS (`src/mock_gcs/`). The message types come from the
+//! `googleapis-tonic-google-storage-v2` crate, which ships client code only.
+
+use tonic_build::manual::{Builder, Method, Service};
+
+/// The unary `google.storage.v2.Storage` methods the mock serves, as
+/// (Rust method name, gRPC method name, request type, response type).
+const METHODS: &[(&str, &str, &str, &str)] = &[
+    (
+        "create_bucket",
+        "CreateBucket",
+        "CreateBucketRequest",
+        "Bucket",
+    ),
+    ("get_bucket", "GetBucket", "GetBucketRequest", "Bucket"),
+    (
+        "update_bucket",
+        "UpdateBucket",
+        "UpdateBucketRequest",
+        "Bucket",
+    ),
+    (
+        "delete_bucket",
+        "DeleteBucket",
+        "DeleteBucketRequest",
+        "Empty",
+    ),
+    (
+        "list_buckets",
+        "ListBuckets",
+        "ListBucketsRequest",
+        "ListBucketsResponse",
+    ),
+    (
+        "list_objects",
+        "ListObjects",
+        "ListObjectsRequest",
+        "ListObjectsResponse",
+    ),
+    (
+        "delete_object",
+        "DeleteObject",
+        "DeleteObjectRequest",
+        "Empty",
+    ),
+    ("get_object", "GetObject", "GetObjectRequest", "Object"),
+];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    let service = METHODS.iter().fold(
+        Service::builder()
+            .name("Storage")
+            .package("google.storage.v2")
+            .comment("Server side of the Cloud Storage gRPC API, limited to what the mock serves."),
+        |service, (name, route, input, output)| {
+            service.method(
+                Method::builder()
+                    .name(*name)
+                    .route_name(*route)
+                    .input_type(format!("crate::mock_gcs::proto::{input}"))
+                    .output_type(if *output == "Empty" {
+                        "crate::mock_gcs::service::Empty".to_string()
+                    } else {
+                        format!("crate::mock_gcs::proto::{output}")
+                    })
+                    .codec_path("tonic_prost::ProstCodec")
+                    .build(),
+            )
+        },
+    );
+    Builder::new()
+        .build_client(false)
+        .build_transport(false)
+        .compile(&[service.build()]);
+}

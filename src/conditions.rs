@@ -1,0 +1,110 @@
+//! The `Ready` condition and its reasons.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Condition type users wait for.
+pub const READY: &str = "Ready";
+
+/// Reasons of the `Ready` condition.
+pub mod reason {
+    /// The bucket exists, is ours and matches the spec.
+    pub const BUCKET_READY: &str = "BucketReady";
+    /// The bucket is being created.
+    pub const CREATING: &str = "Creating";
+    /// Every candidate name belongs to somebody else.
+    pub const NAME_CONFLICT: &str = "NameConflict";
+    /// `spec.projectID` differs from the namespace's project.
+    pub const PROJECT_NOT_ALLOWED: &str = "ProjectNotAllowed";
+    /// No project could be resolved.
+    pub const PROJECT_MISSING: &str = "ProjectMissing";
+    /// The project resolves differently than where the bucket lives.
+    pub const PROJECT_CHANGED: &str = "ProjectChanged";
+    /// The spec is invalid (caught again by the operator).
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// GCS refused for lack of permission.
+    pub const PERMISSION_DENIED: &str = "PermissionDenied";
+    /// GCS quota or rate limit.
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// GCS unavailable or another GCS error; retried with backoff.
+    pub const GCS_ERROR: &str = "GcsError";
+    /// Deletion waits for the bucket to be emptied.
+    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+    /// The bucket at the recorded name is not ours.
+    pub const NOT_OWNED: &str = "NotOwned";
+}
+
+/// Sets condition `type_` in `conditions`, keeping `lastTransitionTime` when
+/// the status does not change.
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let existing = conditions.iter_mut().find(|c| c.type_ == type_);
+    let last_transition_time = match &existing {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Time(jiff_now()),
+    };
+    let condition = Condition {
+        type_: type_.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    };
+    match existing {
+        Some(c) => *c = condition,
+        None => conditions.push(condition),
+    }
+}
+
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_time_is_kept_while_status_is_unchanged() {
+        let mut conditions = Vec::new();
+        set(
+            &mut conditions,
+            READY,
+            false,
+            reason::CREATING,
+            "creating".into(),
+            Some(1),
+        );
+        let first = conditions[0].last_transition_time.clone();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        set(
+            &mut conditions,
+            READY,
+            false,
+            reason::GCS_ERROR,
+            "unavailable".into(),
+            Some(1),
+        );
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].last_transition_time, first);
+        assert_eq!(conditions[0].reason, reason::GCS_ERROR);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        set(
+            &mut conditions,
+            READY,
+            true,
+            reason::BUCKET_READY,
+            "ready".into(),
+            Some(1),
+        );
+        assert_ne!(conditions[0].last_transition_time, first);
+        assert_eq!(conditions[0].status, "True");
+    }
+}

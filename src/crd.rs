@@ -1,0 +1,385 @@
+//! The `Gcs` custom resource: one logical bucket per namespace.
+//!
+//! The types here are the single source of the CRD: `bucketmap crd` prints it
+//! and `deploy/crd.yaml` is checked against that output in CI. Admission-time
+//! validation lives in the schema (OpenAPI + CEL `x-kubernetes-validations`),
+//! so a bad name or an attempt to move a bucket is refused by the API server
+//! with a message a person understands, before the operator ever sees it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::naming::{MAX_LOGICAL_NAME_LEN, SUFFIX_LEN};
+
+/// API group of the `Gcs` resource.
+pub const GROUP: &str = "storage.bucketmap.dev";
+/// Finalizer that protects the bucket while the resource exists.
+pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
+
+/// A Google Cloud Storage bucket, declared by its logical name.
+///
+/// The operator creates a globally unique physical bucket
+/// (`<bucketName>-<suffix>`) in the resolved project, keeps its settings as
+/// declared, and deletes it safely when the resource is deleted.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "storage.bucketmap.dev",
+    version = "v1alpha1",
+    kind = "Gcs",
+    plural = "gcs",
+    singular = "gcs",
+    shortname = "gcsb",
+    category = "bucketmap",
+    namespaced,
+    status = "GcsStatus",
+    derive = "PartialEq",
+    doc = "A Google Cloud Storage bucket known by a logical name in its namespace",
+    printcolumn(name = "Logical", type_ = "string", json_path = ".spec.bucketName"),
+    printcolumn(name = "Physical", type_ = "string", json_path = ".status.bucketFullName"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!has(oldSelf.spec.projectID) || (has(self.spec.projectID) && self.spec.projectID == oldSelf.spec.projectID)")
+        .message("spec.projectID is immutable once set: GCS cannot move a bucket to another project; create a new Gcs resource instead")
+        .field_path(".spec.projectID")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GcsSpec {
+    /// Logical bucket name, the same in every environment. The physical
+    /// bucket is named `<bucketName>-<8-character suffix>`.
+    #[schemars(length(max = 63))]
+    #[x_kube(
+        validation = Rule::new("size(self) >= 3").message("bucketName must be at least 3 characters long"),
+        validation = Rule::new("size(self) <= 54").message("bucketName must be at most 54 characters long: the operator appends '-' and an 8-character suffix and GCS allows 63"),
+        validation = Rule::new("self.matches('^[a-z0-9][a-z0-9_-]*[a-z0-9]$')").message("bucketName may contain only lowercase letters, digits, '-' and '_', and must start and end with a letter or digit (dots are not supported: they need domain verification)"),
+        validation = Rule::new("!self.startsWith('goog')").message("bucketName must not start with 'goog': GCS reserves that prefix"),
+        validation = Rule::new("!self.matches('g[o0][o0]+g[l1]e')").message("bucketName must not contain 'google' or a close misspelling of it: GCS refuses such names"),
+        validation = Rule::new("self == oldSelf").message("bucketName is immutable: GCS cannot rename a bucket; create a new Gcs resource instead"),
+    )]
+    pub bucket_name: String,
+
+    /// Google Cloud project that owns the bucket. Defaults to the namespace
+    /// annotation `bucketmap.dev/project-id`, then to the operator's
+    /// `--default-project`. When the namespace carries the annotation, a
+    /// different value here is refused.
+    #[serde(rename = "projectID", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 100))]
+    #[x_kube(validation = Rule::new("self.matches('^([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$')").message("projectID must be a Google Cloud project id: 6 to 30 lowercase letters, digits or hyphens, starting with a letter"))]
+    pub project_id: Option<String>,
+
+    /// Bucket location (region, dual-region or multi-region), e.g. `US`,
+    /// `EU`, `europe-west1`. Immutable.
+    #[serde(default = "default_location")]
+    #[schemars(length(min = 2, max = 64))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[A-Za-z0-9-]+$')").message("location must be a GCS location such as US, EU or europe-west1"),
+        validation = Rule::new("self.lowerAscii() == oldSelf.lowerAscii()").message("location is immutable: GCS cannot move a bucket; create a new Gcs resource instead"),
+    )]
+    pub location: String,
+
+    /// Default storage class of new objects.
+    #[serde(default)]
+    pub storage_class: StorageClass,
+
+    /// Keep noncurrent object versions when objects are overwritten or deleted.
+    #[serde(default)]
+    pub versioning: bool,
+
+    /// User labels on the bucket. Keys starting with `bucketmap` and the key
+    /// `managed-by` are reserved for the operator's ownership labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 60, "additionalProperties" = {"type": "string", "maxLength": 63}))]
+    #[x_kube(
+        validation = Rule::new("self.all(k, k.matches('^[a-z][a-z0-9_-]{0,62}$'))").message("label keys must be 1 to 63 lowercase letters, digits, '-' or '_', starting with a letter"),
+        validation = Rule::new("self.all(k, self[k].matches('^[a-z0-9_-]{0,63}$'))").message("label values must be at most 63 lowercase letters, digits, '-' or '_'"),
+        validation = Rule::new("self.all(k, k != 'managed-by' && !k.startsWith('bucketmap'))").message("label keys 'managed-by' and 'bucketmap*' are reserved for the operator's ownership labels"),
+    )]
+    pub labels: BTreeMap<String, String>,
+
+    /// Object lifecycle rules, applied by GCS.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub lifecycle_rules: Vec<LifecycleRule>,
+
+    /// Uniform bucket-level access (IAM only, no object ACLs).
+    #[serde(default = "default_true")]
+    pub uniform_bucket_level_access: bool,
+
+    /// Public access prevention.
+    #[serde(default)]
+    pub public_access_prevention: PublicAccessPrevention,
+
+    /// Minimum time each object is retained. Never locked by the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_policy: Option<RetentionPolicy>,
+
+    /// How long deleted objects stay restorable; 0 disables soft delete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_delete_policy: Option<SoftDeletePolicy>,
+
+    /// What happens to the bucket when this resource is deleted.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+
+    /// On deletion, delete every object version first. Without it a
+    /// non-empty bucket is kept and the deletion waits.
+    #[serde(default)]
+    pub force_destroy: bool,
+}
+
+fn default_location() -> String {
+    "US".to_owned()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Default storage class of a bucket.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum StorageClass {
+    #[default]
+    Standard,
+    Nearline,
+    Coldline,
+    Archive,
+}
+
+impl StorageClass {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            StorageClass::Standard => "STANDARD",
+            StorageClass::Nearline => "NEARLINE",
+            StorageClass::Coldline => "COLDLINE",
+            StorageClass::Archive => "ARCHIVE",
+        }
+    }
+}
+
+/// Public access prevention setting.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PublicAccessPrevention {
+    /// Data can never be made public.
+    #[default]
+    Enforced,
+    /// Inherit the organization policy.
+    Inherited,
+}
+
+impl PublicAccessPrevention {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            PublicAccessPrevention::Enforced => "enforced",
+            PublicAccessPrevention::Inherited => "inherited",
+        }
+    }
+}
+
+/// What to do with the bucket when the `Gcs` resource is deleted.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeletionPolicy {
+    /// Delete the bucket (only if the operator created it, and only if it is
+    /// empty unless `forceDestroy` is set).
+    #[default]
+    Delete,
+    /// Leave the bucket in place.
+    Orphan,
+}
+
+/// Minimum retention of objects.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionPolicy {
+    /// Retention period in seconds (1 second to 100 years).
+    #[schemars(range(min = 1, max = 3_155_760_000i64))]
+    pub retention_period_seconds: i64,
+}
+
+/// Soft delete policy.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SoftDeletePolicy {
+    /// Seconds a deleted object stays restorable: 0 disables soft delete,
+    /// otherwise 7 to 90 days (604800 to 7776000).
+    #[x_kube(validation = Rule::new("self == 0 || (self >= 604800 && self <= 7776000)").message("softDeletePolicy.retentionDurationSeconds must be 0 (disabled) or between 604800 (7 days) and 7776000 (90 days)"))]
+    pub retention_duration_seconds: i64,
+}
+
+/// One object lifecycle rule.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleRule {
+    pub action: LifecycleAction,
+    pub condition: LifecycleCondition,
+}
+
+/// What a lifecycle rule does.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(self.type == 'SetStorageClass') == has(self.storageClass)").message("lifecycle action storageClass is required for SetStorageClass and not allowed otherwise"))]
+pub struct LifecycleAction {
+    #[serde(rename = "type")]
+    pub kind: LifecycleActionType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<StorageClass>,
+}
+
+/// Lifecycle action kinds supported by GCS.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LifecycleActionType {
+    Delete,
+    SetStorageClass,
+    AbortIncompleteMultipartUpload,
+}
+
+impl LifecycleActionType {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            LifecycleActionType::Delete => "Delete",
+            LifecycleActionType::SetStorageClass => "SetStorageClass",
+            LifecycleActionType::AbortIncompleteMultipartUpload => "AbortIncompleteMultipartUpload",
+        }
+    }
+}
+
+/// When a lifecycle rule applies; all given conditions must hold.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.ageDays) || has(self.createdBefore) || has(self.isLive) || has(self.numNewerVersions) || has(self.daysSinceNoncurrentTime) || has(self.matchesStorageClass) || has(self.matchesPrefix) || has(self.matchesSuffix)").message("a lifecycle condition needs at least one field"))]
+pub struct LifecycleCondition {
+    /// Age of the object in days.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub age_days: Option<i32>,
+    /// Objects created before this date (YYYY-MM-DD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\d{4}-\d{2}-\d{2}$"))]
+    pub created_before: Option<String>,
+    /// true: live objects only; false: noncurrent versions only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_live: Option<bool>,
+    /// Versions that have at least this many newer versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub num_newer_versions: Option<i32>,
+    /// Days since the object became noncurrent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub days_since_noncurrent_time: Option<i32>,
+    /// Objects in one of these storage classes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches_storage_class: Vec<StorageClass>,
+    /// Objects whose name starts with one of these prefixes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches_prefix: Vec<String>,
+    /// Objects whose name ends with one of these suffixes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches_suffix: Vec<String>,
+}
+
+/// Observed state of a `Gcs` resource.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GcsStatus {
+    /// Physical (globally unique) bucket name. Written before the bucket is
+    /// created, so a crash or a lost response never creates a second bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_full_name: Option<String>,
+    /// Logical bucket name (copy of `spec.bucketName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_name: Option<String>,
+    /// Project that owns the bucket.
+    #[serde(rename = "projectID", default, skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<String>,
+    /// `gs://` URL of the bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Naming attempt the physical name was derived from; it grows only when
+    /// a name turns out to belong to somebody else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_attempt: Option<u32>,
+    /// When the operator saw the bucket created. Set once; a later missing
+    /// bucket means it was deleted out of band.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_time: Option<Time>,
+    /// Latest observations; `Ready` is the one to wait for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl Gcs {
+    /// The `Ready` condition, if any.
+    pub fn ready_condition(&self) -> Option<&Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+    }
+
+    /// Whether the `Ready` condition is `True`.
+    pub fn is_ready(&self) -> bool {
+        self.ready_condition().is_some_and(|c| c.status == "True")
+    }
+}
+
+/// Length of the physical suffix including its separator.
+pub const SUFFIX_WITH_SEPARATOR: usize = SUFFIX_LEN + 1;
+const _: () = assert!(MAX_LOGICAL_NAME_LEN + SUFFIX_WITH_SEPARATOR == 63);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn defaults_fill_a_minimal_spec() {
+        let spec: GcsSpec = serde_json::from_value(serde_json::json!({"bucketName": "photos"}))
+            .expect("minimal spec parses");
+        assert_eq!(spec.location, "US");
+        assert_eq!(spec.storage_class, StorageClass::Standard);
+        assert!(spec.uniform_bucket_level_access);
+        assert_eq!(
+            spec.public_access_prevention,
+            PublicAccessPrevention::Enforced
+        );
+        assert_eq!(spec.deletion_policy, DeletionPolicy::Delete);
+        assert!(!spec.force_destroy);
+        assert!(!spec.versioning);
+    }
+
+    #[test]
+    fn crd_has_the_fixed_names_and_status_subresource() {
+        let crd = serde_json::to_value(Gcs::crd()).expect("crd serializes");
+        assert_eq!(crd["spec"]["group"], GROUP);
+        assert_eq!(crd["spec"]["names"]["plural"], "gcs");
+        assert_eq!(crd["spec"]["names"]["kind"], "Gcs");
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        let version = &crd["spec"]["versions"][0];
+        assert_eq!(version["name"], "v1alpha1");
+        assert!(version["subresources"]["status"].is_object());
+        let conditions = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+            ["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(conditions["x-kubernetes-list-map-keys"][0], "type");
+    }
+}

@@ -1,0 +1,323 @@
+//! The cloud side: bucket operations through the official
+//! `google-cloud-storage` crate (`StorageControl`, gRPC `google.storage.v2`).
+//!
+//! Calls return facts (`Option<Bucket>` for a missing bucket) or a
+//! [`GcsError`] classified by what the reconciler must do about it; the
+//! reconciler decides. Every call is counted by method and result code.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use google_cloud_gax::error::rpc::Code;
+use google_cloud_gax::paginator::Paginator;
+use google_cloud_storage::client::StorageControl;
+use google_cloud_storage::model::{Bucket, Object};
+
+use crate::metrics::Metrics;
+
+/// How the operator authenticates to GCS.
+#[derive(Debug, Clone)]
+pub struct GcsConfig {
+    /// Override of the default endpoint (`https://storage.googleapis.com`).
+    pub endpoint: Option<String>,
+    /// Send no credentials (for emulators and the in-repo mock).
+    pub anonymous: bool,
+}
+
+/// What kind of failure a GCS call hit, i.e. what the reconciler does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcsErrorKind {
+    /// The bucket or object does not exist.
+    NotFound,
+    /// The name is taken (by us after a lost response, or by somebody else).
+    AlreadyExists,
+    /// The credentials may not do this in this project or bucket.
+    PermissionDenied,
+    /// Quota or rate limit: back off.
+    ResourceExhausted,
+    /// Transient: GCS or the network is unavailable, or the call timed out.
+    Unavailable,
+    /// A precondition failed (metageneration changed, bucket not empty).
+    FailedPrecondition,
+    /// GCS refused the request as invalid.
+    InvalidArgument,
+    /// Anything else.
+    Other,
+}
+
+/// A failed GCS call, with enough context to act on and to show a person.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("cannot {operation} bucket {bucket}: {kind:?}: {message}")]
+pub struct GcsError {
+    pub kind: GcsErrorKind,
+    pub operation: &'static str,
+    pub bucket: String,
+    pub message: String,
+}
+
+impl GcsError {
+    fn from_gax(operation: &'static str, bucket: &str, err: &google_cloud_storage::Error) -> Self {
+        let (kind, message) = match err.status() {
+            Some(status) => (classify(status.code), status.message.clone()),
+            None if err.is_timeout() || err.is_io() || err.is_connect() || err.is_transport() => {
+                (GcsErrorKind::Unavailable, err.to_string())
+            }
+            None => (GcsErrorKind::Other, err.to_string()),
+        };
+        GcsError {
+            kind,
+            operation,
+            bucket: bucket.to_owned(),
+            message,
+        }
+    }
+
+    /// Label used in metrics for this error.
+    pub fn code_label(&self) -> &'static str {
+        match self.kind {
+            GcsErrorKind::NotFound => "NOT_FOUND",
+            GcsErrorKind::AlreadyExists => "ALREADY_EXISTS",
+            GcsErrorKind::PermissionDenied => "PERMISSION_DENIED",
+            GcsErrorKind::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            GcsErrorKind::Unavailable => "UNAVAILABLE",
+            GcsErrorKind::FailedPrecondition => "FAILED_PRECONDITION",
+            GcsErrorKind::InvalidArgument => "INVALID_ARGUMENT",
+            GcsErrorKind::Other => "OTHER",
+        }
+    }
+}
+
+fn classify(code: Code) -> GcsErrorKind {
+    match code {
+        Code::NotFound => GcsErrorKind::NotFound,
+        Code::AlreadyExists => GcsErrorKind::AlreadyExists,
+        Code::PermissionDenied | Code::Unauthenticated => GcsErrorKind::PermissionDenied,
+        Code::ResourceExhausted => GcsErrorKind::ResourceExhausted,
+        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Internal => {
+            GcsErrorKind::Unavailable
+        }
+        Code::FailedPrecondition => GcsErrorKind::FailedPrecondition,
+        Code::InvalidArgument | Code::OutOfRange => GcsErrorKind::InvalidArgument,
+        _ => GcsErrorKind::Other,
+    }
+}
+
+/// The gRPC resource name of a bucket.
+pub fn bucket_resource(bucket: &str) -> String {
+    format!("projects/_/buckets/{bucket}")
+}
+
+/// Bucket operations used by the operator.
+#[derive(Clone, Debug)]
+pub struct GcsClient {
+    control: StorageControl,
+    metrics: Arc<Metrics>,
+}
+
+type GcsResult<T> = std::result::Result<T, GcsError>;
+
+impl GcsClient {
+    /// Connects with Application Default Credentials, or anonymously.
+    pub async fn connect(config: &GcsConfig, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
+        let mut builder = StorageControl::builder()
+            // The controller owns retries (requeue with backoff), so a slow or
+            // failing call never pins a worker in a client-side retry loop.
+            .with_retry_policy(google_cloud_gax::retry_policy::NeverRetry);
+        if let Some(endpoint) = &config.endpoint {
+            builder = builder.with_endpoint(endpoint.clone());
+        }
+        if config.anonymous {
+            builder = builder.with_credentials(
+                google_cloud_auth::credentials::anonymous::Builder::new().build(),
+            );
+        }
+        let control = builder.build().await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot build the GCS client (endpoint {}): {e}",
+                config.endpoint.as_deref().unwrap_or("default")
+            )
+        })?;
+        Ok(GcsClient { control, metrics })
+    }
+
+    fn record<T>(
+        &self,
+        method: &'static str,
+        bucket: &str,
+        started: Instant,
+        result: std::result::Result<T, google_cloud_storage::Error>,
+    ) -> GcsResult<T> {
+        let result = result.map_err(|e| GcsError::from_gax(method, bucket, &e));
+        let code = match &result {
+            Ok(_) => "OK",
+            Err(e) => e.code_label(),
+        };
+        self.metrics
+            .observe_gcs_call(method, code, started.elapsed());
+        result
+    }
+
+    /// The bucket, or `None` when it does not exist.
+    pub async fn get_bucket(&self, bucket: &str) -> GcsResult<Option<Bucket>> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .get_bucket()
+            .set_name(bucket_resource(bucket))
+            .send()
+            .await;
+        match self.record("GetBucket", bucket, started, result) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind == GcsErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates `bucket` in `project`.
+    pub async fn create_bucket(
+        &self,
+        project: &str,
+        bucket: &str,
+        desired: Bucket,
+    ) -> GcsResult<Bucket> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .create_bucket()
+            .set_parent(format!("projects/{project}"))
+            .set_bucket_id(bucket)
+            .set_bucket(desired)
+            .send()
+            .await;
+        self.record("CreateBucket", bucket, started, result)
+    }
+
+    /// Updates the fields in `mask` if the bucket is still at `metageneration`.
+    pub async fn update_bucket(
+        &self,
+        bucket: &str,
+        patch: Bucket,
+        mask: &[&str],
+        metageneration: i64,
+    ) -> GcsResult<Bucket> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .update_bucket()
+            .set_bucket(patch.set_name(bucket_resource(bucket)))
+            .set_update_mask(google_cloud_wkt::FieldMask::default().set_paths(mask.iter().copied()))
+            .set_if_metageneration_match(metageneration)
+            .send()
+            .await;
+        self.record("UpdateBucket", bucket, started, result)
+    }
+
+    /// Deletes an (empty) bucket.
+    pub async fn delete_bucket(&self, bucket: &str) -> GcsResult<()> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .delete_bucket()
+            .set_name(bucket_resource(bucket))
+            .send()
+            .await;
+        self.record("DeleteBucket", bucket, started, result)
+    }
+
+    /// Up to `limit` objects, every version when `versions` is set.
+    pub async fn list_objects(
+        &self,
+        bucket: &str,
+        versions: bool,
+        limit: usize,
+    ) -> GcsResult<Vec<Object>> {
+        let mut pages = self
+            .control
+            .list_objects()
+            .set_parent(bucket_resource(bucket))
+            .set_versions(versions)
+            .set_page_size(i32::try_from(limit.min(1000)).unwrap_or(1000))
+            .by_page();
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let started = Instant::now();
+            let Some(page) = pages.next().await else {
+                break;
+            };
+            let page = self.record("ListObjects", bucket, started, page)?;
+            out.extend(page.objects);
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Deletes one object generation; a missing one is fine.
+    pub async fn delete_object(
+        &self,
+        bucket: &str,
+        object: &str,
+        generation: i64,
+    ) -> GcsResult<()> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .delete_object()
+            .set_bucket(bucket_resource(bucket))
+            .set_object(object)
+            .set_generation(generation)
+            .send()
+            .await;
+        match self.record("DeleteObject", bucket, started, result) {
+            Err(e) if e.kind != GcsErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes every object version in the bucket, in batches, with a few
+    /// deletions in flight. Returns how many were deleted.
+    pub async fn delete_all_objects(&self, bucket: &str) -> GcsResult<usize> {
+        use futures::{StreamExt, TryStreamExt};
+        let mut deleted = 0;
+        loop {
+            let batch = self.list_objects(bucket, true, 1000).await?;
+            if batch.is_empty() {
+                return Ok(deleted);
+            }
+            deleted += batch.len();
+            futures::stream::iter(batch)
+                .map(|o| async move { self.delete_object(bucket, &o.name, o.generation).await })
+                .buffer_unordered(16)
+                .try_collect::<Vec<()>>()
+                .await?;
+        }
+    }
+}
+
+/// Paces bucket creation and deletion per project: GCS allows about one
+/// such operation every two seconds per project and answers 429 beyond it.
+#[derive(Debug)]
+pub struct Pacer {
+    limiter: Option<governor::DefaultKeyedRateLimiter<String>>,
+}
+
+impl Pacer {
+    /// One operation per `interval` per project; `None` or zero disables pacing.
+    pub fn new(interval: Option<Duration>) -> Self {
+        let limiter = interval
+            .filter(|i| !i.is_zero())
+            .and_then(governor::Quota::with_period)
+            .map(governor::RateLimiter::keyed);
+        Pacer { limiter }
+    }
+
+    /// Waits until `project` may create or delete another bucket.
+    pub async fn wait(&self, project: &str) {
+        if let Some(limiter) = &self.limiter {
+            limiter.until_key_ready(&project.to_owned()).await;
+            // Keep the per-project map from growing with projects gone idle.
+            if limiter.len() > 1024 {
+                limiter.retain_recent();
+            }
+        }
+    }
+}

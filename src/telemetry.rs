@@ -1,0 +1,32 @@
+//! Structured logging with `tracing`.
+
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log collectors).
+    Json,
+}
+
+/// Installs the global subscriber; `RUST_LOG` overrides the default level
+/// (`info`, with the noisy HTTP/gRPC internals at `warn`).
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("info,hyper=warn,h2=warn,tower=warn,kube_client=warn,tonic=warn")
+    });
+    let registry = tracing_subscriber::registry().with(filter);
+    let result = match format {
+        LogFormat::Text => registry
+            .with(fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
+        LogFormat::Json => registry
+            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .try_init(),
+    };
+    if let Err(e) = result {
+        eprintln!("logging was already initialised: {e}");
+    }
+}

@@ -1,0 +1,287 @@
+//! Shared fixture of the integration tests: a real kube-apiserver + etcd, the
+//! CRD, an in-memory GCS speaking gRPC, and the operator running in-process
+//! against them, scoped to one namespace.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bucketmap::controller::{self, OperatorConfig};
+use bucketmap::crd::Gcs;
+use bucketmap::gcs::{GcsClient, GcsConfig};
+use bucketmap::metrics::Metrics;
+use bucketmap::mock_gcs::{MockGcs, MockHandle};
+use bucketmap::testenv::{self, TestEnv};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const PROJECT: &str = "test-project";
+
+/// One test's world.
+pub struct Fixture {
+    pub env: TestEnv,
+    pub client: kube::Client,
+    pub ns: String,
+    pub mock: MockGcs,
+    pub gcs: MockHandle,
+    pub config: OperatorConfig,
+    operator: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Operator settings tuned for tests: quick resync, no pacing.
+pub fn test_config(ns: &str) -> OperatorConfig {
+    OperatorConfig {
+        default_project: Some(PROJECT.to_owned()),
+        resync: Duration::from_secs(2),
+        max_name_attempts: 3,
+        namespace: Some(ns.to_owned()),
+        concurrency: 16,
+        bucket_ops_interval: None,
+    }
+}
+
+impl Fixture {
+    /// Control plane, CRD, mock GCS and a namespace; the operator is not started.
+    pub async fn new() -> anyhow::Result<Fixture> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("warn,bucketmap=info")
+            .with_test_writer()
+            .try_init();
+        let env = TestEnv::start().await?;
+        let client = env.client().await?;
+        bucketmap::dev::install_crd(&client).await?;
+        let ns = testenv::create_namespace(&client, "gcs").await?;
+        let mock = MockGcs::start().await?;
+        let gcs = mock.handle();
+        let config = test_config(&ns);
+        Ok(Fixture {
+            env,
+            client,
+            ns,
+            mock,
+            gcs,
+            config,
+            operator: None,
+            metrics: Arc::new(Metrics::default()),
+        })
+    }
+
+    /// Like [`Fixture::new`], with the operator running.
+    pub async fn started() -> anyhow::Result<Fixture> {
+        let mut f = Fixture::new().await?;
+        f.start_operator().await?;
+        Ok(f)
+    }
+
+    /// Starts an operator instance (a fresh process-like instance: new caches, new client).
+    pub async fn start_operator(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.operator.is_none(), "operator already running");
+        let client = self.env.client().await?;
+        let gcs = GcsClient::connect(
+            &GcsConfig {
+                endpoint: Some(self.mock.endpoint()),
+                anonymous: true,
+            },
+            self.metrics.clone(),
+        )
+        .await?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(controller::run(
+            client,
+            gcs,
+            self.metrics.clone(),
+            self.config.clone(),
+            || {},
+            async {
+                let _ = rx.await;
+            },
+        ));
+        self.operator = Some((tx, task));
+        Ok(())
+    }
+
+    /// Stops the operator abruptly, as a crash would (in-flight work is dropped).
+    pub async fn kill_operator(&mut self) {
+        if let Some((_tx, task)) = self.operator.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    pub fn api(&self) -> Api<Gcs> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a Gcs from a spec given as JSON.
+    pub async fn create(&self, name: &str, spec: serde_json::Value) -> anyhow::Result<Gcs> {
+        let obj: Gcs = serde_json::from_value(serde_json::json!({
+            "apiVersion": "storage.bucketmap.dev/v1alpha1",
+            "kind": "Gcs",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": spec,
+        }))?;
+        self.api()
+            .create(&PostParams::default(), &obj)
+            .await
+            .with_context(|| format!("create Gcs {name}"))
+    }
+
+    pub async fn get(&self, name: &str) -> anyhow::Result<Gcs> {
+        self.api()
+            .get(name)
+            .await
+            .with_context(|| format!("get Gcs {name}"))
+    }
+
+    pub async fn merge_spec(&self, name: &str, spec: serde_json::Value) -> anyhow::Result<Gcs> {
+        self.api()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": spec})),
+            )
+            .await
+            .with_context(|| format!("patch Gcs {name}"))
+    }
+
+    pub async fn delete(&self, name: &str) -> anyhow::Result<()> {
+        self.api()
+            .delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("delete Gcs {name}"))?;
+        Ok(())
+    }
+
+    /// Waits until `check` holds for the Gcs (or fails after `timeout`).
+    pub async fn wait_for(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&Gcs) -> bool,
+    ) -> anyhow::Result<Gcs> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let last = self.api().get_opt(name).await?;
+            if let Some(g) = &last
+                && check(g)
+            {
+                return Ok(g.clone());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "Gcs {name}: {what} not reached within {timeout:?}; last seen: {last:#?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn wait_ready(&self, name: &str) -> anyhow::Result<Gcs> {
+        self.wait_for(name, Duration::from_secs(60), "Ready=True", Gcs::is_ready)
+            .await
+    }
+
+    pub async fn wait_reason(&self, name: &str, reason: &str) -> anyhow::Result<Gcs> {
+        self.wait_for(name, Duration::from_secs(60), reason, |g| {
+            g.ready_condition().is_some_and(|c| c.reason == reason)
+        })
+        .await
+    }
+
+    pub async fn wait_gone(&self, name: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.api().get_opt(name).await?.is_some() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "Gcs {name} still exists after {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Reasons of the events recorded for a Gcs.
+    pub async fn event_reasons(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        let events = api.list(&Default::default()).await?;
+        Ok(events
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.reason)
+            .collect())
+    }
+
+    /// Runs kubectl against the test control plane (without blocking the
+    /// runtime the operator runs on).
+    pub async fn kubectl(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        self.kubectl_with_stdin(args, "").await
+    }
+
+    /// kubectl apply of a manifest given on stdin.
+    pub async fn kubectl_apply(&self, manifest: &str) -> anyhow::Result<std::process::Output> {
+        self.kubectl_with_stdin(&["apply", "-n", &self.ns, "-f", "-"], manifest)
+            .await
+    }
+
+    async fn kubectl_with_stdin(
+        &self,
+        args: &[&str],
+        stdin: &str,
+    ) -> anyhow::Result<std::process::Output> {
+        use tokio::io::AsyncWriteExt;
+        let mut child = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.env.kubeconfig_path())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot run kubectl")?;
+        let mut input = child.stdin.take().context("kubectl stdin")?;
+        input.write_all(stdin.as_bytes()).await?;
+        drop(input);
+        Ok(child.wait_with_output().await?)
+    }
+
+    pub async fn annotate_namespace(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        api.patch(
+            &self.ns,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some((_tx, task)) = self.operator.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The physical name recorded in status.
+pub fn physical(g: &Gcs) -> String {
+    g.status
+        .as_ref()
+        .and_then(|s| s.bucket_full_name.clone())
+        .unwrap_or_default()
+}
+
+/// UID of an object.
+pub fn uid(g: &Gcs) -> String {
+    g.uid().unwrap_or_default()
+}
