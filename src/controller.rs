@@ -75,6 +75,8 @@ pub struct Context {
     pub config: OperatorConfig,
     pacer: Pacer,
     namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// The namespace cache holds every namespace: projects can be resolved.
+    namespaces_synced: Arc<std::sync::atomic::AtomicBool>,
     failures: Mutex<HashMap<ObjectRef<Gcs>, u32>>,
 }
 
@@ -136,6 +138,7 @@ pub async fn run(
         config,
         pacer,
         namespaces: ns_reader.clone(),
+        namespaces_synced: Arc::default(),
         failures: Mutex::new(HashMap::new()),
     });
 
@@ -153,11 +156,27 @@ pub async fn run(
             .collect::<Vec<_>>()
     });
 
+    let synced = ctx.namespaces_synced.clone();
     let readiness = async move {
-        let (a, b) = tokio::join!(reader.wait_until_ready(), ns_reader.wait_until_ready());
-        if a.is_ok() && b.is_ok() {
-            on_ready();
+        // Re-poll with a timeout: a store's readiness future only wakes its
+        // latest poller, and the controller waits on the same store.
+        loop {
+            let wait = async {
+                let (a, b) = tokio::join!(reader.wait_until_ready(), ns_reader.wait_until_ready());
+                a.is_ok() && b.is_ok()
+            };
+            match tokio::time::timeout(Duration::from_millis(200), wait).await {
+                Ok(true) => break,
+                Ok(false) => {
+                    warn!("watch caches were dropped before they synced");
+                    return;
+                }
+                Err(_) => {}
+            }
         }
+        synced.store(true, std::sync::atomic::Ordering::Release);
+        info!("caches synced");
+        on_ready();
     };
     tokio::spawn(readiness);
 
@@ -394,6 +413,13 @@ async fn apply(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> R
         status.ready(false, reason::INVALID_SPEC, message);
         status.flush().await?;
         return Ok(Action::await_change());
+    }
+    if !ctx
+        .namespaces_synced
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        // Without the namespace's annotation the project could be wrong.
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let project = match resolve_project(&obj, ctx) {
         Ok(p) => p,

@@ -1,0 +1,127 @@
+//! The `bucketmap` binary as a person runs it: `bucketmap operator` with a
+//! kubeconfig, serving metrics and probes, stopping cleanly on SIGTERM; and
+//! `bucketmap crd` printing the checked-in CRD.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use common::{Fixture, physical};
+
+type TestResult = anyhow::Result<()>;
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A minimal HTTP/1.0 GET; returns (status code, body).
+async fn get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no status in {response:?}"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+#[tokio::test]
+async fn operator_command_serves_probes_and_metrics_and_stops_on_sigterm() -> TestResult {
+    let f = Fixture::new().await?;
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+        .args([
+            "operator",
+            "--gcs-anonymous",
+            "--default-project",
+            "bin-project",
+        ])
+        .args(["--gcs-endpoint", &f.mock.endpoint()])
+        .args([
+            "--namespace",
+            &f.ns,
+            "--metrics-addr",
+            &addr,
+            "--bucket-ops-interval",
+            "0s",
+        ])
+        .env("KUBECONFIG", f.env.kubeconfig_path())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let probe = get(&addr, "/readyz").await;
+        if let Ok((200, body)) = &probe {
+            assert_eq!(body, "ok");
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "operator never became ready: {probe:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(get(&addr, "/healthz").await?.0, 200);
+
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    let g = f.wait_ready("photos").await?;
+    assert_eq!(
+        g.status.as_ref().and_then(|s| s.project_id.as_deref()),
+        Some("bin-project")
+    );
+    assert!(f.gcs.bucket(&physical(&g)).is_some());
+
+    let (status, metrics) = get(&addr, "/metrics").await?;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains(r#"bucketmap_gcs_calls_total{method="CreateBucket",code="OK"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains("bucketmap_reconciles_total"), "{metrics}");
+    assert!(
+        metrics.contains("bucketmap_reconcile_duration_seconds_bucket"),
+        "{metrics}"
+    );
+
+    let pid = child.id().context("operator exited early")?;
+    // SAFETY: sending a signal to our own child process.
+    let rc = unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await??;
+    assert!(status.success(), "operator exited with {status}");
+    Ok(())
+}
+
+#[test]
+fn crd_command_prints_the_checked_in_crd() -> TestResult {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+        .arg("crd")
+        .output()?;
+    assert!(out.status.success());
+    let checked_in =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml"))?;
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        checked_in,
+        "deploy/crd.yaml is stale: run `cargo run -- crd > deploy/crd.yaml`"
+    );
+    Ok(())
+}
