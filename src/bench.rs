@@ -22,7 +22,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     pub counts: Vec<usize>,
     /// Resync period given to the operator for the steady-state measurement.
-    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub resync: Duration,
     /// Concurrent creates sent to the API server.
     #[arg(long, default_value_t = 16)]

@@ -29,6 +29,8 @@ pub mod reason {
     pub const GCS_ERROR: &str = "GcsError";
     /// Deletion waits for the bucket to be emptied.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+    /// Another resource in the namespace maps the same logical name.
+    pub const MAPPING_CONFLICT: &str = "MappingConflict";
     /// The bucket at the recorded name is not ours.
     pub const NOT_OWNED: &str = "NotOwned";
 }

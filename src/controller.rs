@@ -28,6 +28,7 @@ use crate::crd::{DeletionPolicy, FINALIZER, Gcs, GcsStatus};
 use crate::gcs::{GcsClient, GcsErrorKind, Pacer};
 use crate::metrics::Metrics;
 use crate::naming::{self, Identity, OWNER_LABEL};
+use crate::publish::{self, PublishError, PublishedCache};
 use crate::settings::Settings;
 use crate::{Error, Result};
 
@@ -51,6 +52,8 @@ pub struct OperatorConfig {
     pub concurrency: u16,
     /// Minimum interval between bucket creates/deletes in one project.
     pub bucket_ops_interval: Option<Duration>,
+    /// Name of the per-namespace ConfigMap holding the bucket map.
+    pub map_name: String,
 }
 
 impl Default for OperatorConfig {
@@ -62,6 +65,7 @@ impl Default for OperatorConfig {
             namespace: None,
             concurrency: 32,
             bucket_ops_interval: Some(Duration::from_secs(2)),
+            map_name: "bucketmap".to_owned(),
         }
     }
 }
@@ -75,6 +79,7 @@ pub struct Context {
     pub config: OperatorConfig,
     pacer: Pacer,
     namespaces: Store<PartialObjectMeta<Namespace>>,
+    published: PublishedCache,
     /// The namespace cache holds every namespace: projects can be resolved.
     namespaces_synced: Arc<std::sync::atomic::AtomicBool>,
     failures: Mutex<HashMap<ObjectRef<Gcs>, u32>>,
@@ -130,6 +135,7 @@ pub async fn run(
     };
     let pacer = Pacer::new(config.bucket_ops_interval);
     let concurrency = config.concurrency;
+    let published = watch_published(&client, &config);
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -138,6 +144,7 @@ pub async fn run(
         config,
         pacer,
         namespaces: ns_reader.clone(),
+        published,
         namespaces_synced: Arc::default(),
         failures: Mutex::new(HashMap::new()),
     });
@@ -189,6 +196,46 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// Caches of the published ConfigMaps and binding Secrets, kept by
+/// background watches (they trigger nothing: our own writes would only
+/// cause reconciles that change nothing).
+fn watch_published(client: &kube::Client, config: &OperatorConfig) -> PublishedCache {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let (cm_api, secret_api): (Api<ConfigMap>, Api<Secret>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let (configmaps, cm_writer) = reflector::store();
+    let (secrets, secret_writer) = reflector::store();
+    let cm_watch = watcher::Config::default().fields(&format!("metadata.name={}", config.map_name));
+    let secret_watch = watcher::Config::default().labels(&format!(
+        "{}={}",
+        publish::MANAGED_BY.0,
+        publish::MANAGED_BY.1
+    ));
+    tokio::spawn(
+        watcher(cm_api, cm_watch)
+            .default_backoff()
+            .modify(|o: &mut k8s_openapi::api::core::v1::ConfigMap| o.managed_fields_mut().clear())
+            .reflect(cm_writer)
+            .for_each(|_| async {}),
+    );
+    tokio::spawn(
+        watcher(secret_api, secret_watch)
+            .default_backoff()
+            .modify(|o: &mut k8s_openapi::api::core::v1::Secret| o.managed_fields_mut().clear())
+            .reflect(secret_writer)
+            .for_each(|_| async {}),
+    );
+    PublishedCache {
+        configmaps,
+        secrets,
+    }
 }
 
 /// Entry point of one reconciliation.
@@ -469,6 +516,28 @@ async fn apply(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> R
         .await;
     }
 
+    // Publish before reporting Ready: the map lists Ready buckets only.
+    let published = publish::publish(
+        &ctx.client,
+        &ctx.published,
+        &ctx.config.map_name,
+        &obj,
+        &physical,
+        &project,
+    )
+    .await;
+    match published {
+        Ok(_) => {}
+        Err(PublishError::LogicalNameTaken(message)) => {
+            status.ready(false, reason::MAPPING_CONFLICT, message);
+            status.flush().await?;
+            return Ok(requeue);
+        }
+        Err(PublishError::Other(e)) => return Err(e),
+    }
+    status.status.binding = Some(crate::crd::BindingReference {
+        name: publish::binding_secret_name(&obj.name_any()),
+    });
     status.ready(
         true,
         reason::BUCKET_READY,
@@ -547,16 +616,13 @@ async fn ensure_bucket(
         }
         status.flush().await?;
 
-        ctx.pacer.wait(project).await;
         let location = obj.spec.location.to_ascii_uppercase();
-        let created = ctx
-            .gcs
-            .create_bucket(
-                project,
-                &physical,
-                desired.to_bucket().set_location(location),
-            )
-            .await;
+        let create = ctx.gcs.create_bucket(
+            project,
+            &physical,
+            desired.to_bucket().set_location(location),
+        );
+        let created = ctx.pacer.run(project, create).await;
         let bucket = match created {
             Ok(b) => {
                 info!(bucket = %physical, project, "created bucket");
@@ -626,6 +692,8 @@ async fn ensure_bucket(
 /// Deletes the bucket per `deletionPolicy`, never one that is not ours.
 async fn cleanup(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> Result<Action> {
     let st = status.status.clone();
+    // The workloads lose the name first, whatever happens to the bucket.
+    publish::unpublish(&ctx.client, &ctx.config.map_name, &obj).await?;
     if obj.spec.deletion_policy == DeletionPolicy::Orphan {
         if let Some(physical) = &st.bucket_full_name {
             ctx.event(
@@ -679,8 +747,11 @@ async fn cleanup(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) ->
     }
 
     let project = st.project_id.clone().unwrap_or_default();
-    ctx.pacer.wait(&project).await;
-    match ctx.gcs.delete_bucket(&physical).await {
+    match ctx
+        .pacer
+        .run(&project, ctx.gcs.delete_bucket(&physical))
+        .await
+    {
         Ok(()) => {}
         Err(e) if e.kind == GcsErrorKind::NotFound => {}
         Err(e) if e.kind == GcsErrorKind::FailedPrecondition => {

@@ -34,6 +34,7 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
     singular = "gcs",
     shortname = "gcsb",
     category = "bucketmap",
+    label("servicebinding.io/provisioned-service", "true"),
     namespaced,
     status = "GcsStatus",
     derive = "PartialEq",
@@ -319,6 +320,9 @@ pub struct GcsStatus {
     /// bucket means it was deleted out of band.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_time: Option<Time>,
+    /// The Service Binding Secret of this bucket (Provisioned Service).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<BindingReference>,
     /// Latest observations; `Ready` is the one to wait for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
@@ -326,6 +330,12 @@ pub struct GcsStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// Reference to a Service Binding Secret in the same namespace.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+pub struct BindingReference {
+    pub name: String,
 }
 
 impl Gcs {

@@ -5,6 +5,8 @@
 //! [`GcsError`] classified by what the reconciler must do about it; the
 //! reconciler decides. Every call is counted by method and result code.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -295,29 +297,43 @@ impl GcsClient {
 
 /// Paces bucket creation and deletion per project: GCS allows about one
 /// such operation every two seconds per project and answers 429 beyond it.
-#[derive(Debug)]
+///
+/// Operations of one project run one at a time, each starting at least
+/// `interval` after the previous one *finished*: the previous request has
+/// reached GCS by then, so no scheduling delay on this side can squeeze two
+/// of them closer together than the limit.
+#[derive(Debug, Default)]
 pub struct Pacer {
-    limiter: Option<governor::DefaultKeyedRateLimiter<String>>,
+    interval: Option<Duration>,
+    projects: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Instant>>>>>,
 }
 
 impl Pacer {
     /// One operation per `interval` per project; `None` or zero disables pacing.
     pub fn new(interval: Option<Duration>) -> Self {
-        let limiter = interval
-            .filter(|i| !i.is_zero())
-            .and_then(governor::Quota::with_period)
-            .map(governor::RateLimiter::keyed);
-        Pacer { limiter }
+        Pacer {
+            interval: interval.filter(|i| !i.is_zero()),
+            projects: Default::default(),
+        }
     }
 
-    /// Waits until `project` may create or delete another bucket.
-    pub async fn wait(&self, project: &str) {
-        if let Some(limiter) = &self.limiter {
-            limiter.until_key_ready(&project.to_owned()).await;
-            // Keep the per-project map from growing with projects gone idle.
-            if limiter.len() > 1024 {
-                limiter.retain_recent();
-            }
+    /// Runs `operation` (a bucket create or delete in `project`) in its turn.
+    pub async fn run<T>(&self, project: &str, operation: impl Future<Output = T>) -> T {
+        let Some(interval) = self.interval else {
+            return operation.await;
+        };
+        let slot = {
+            // A poisoned map only holds timestamps: keep using it.
+            let mut projects = self.projects.lock().unwrap_or_else(|p| p.into_inner());
+            projects.entry(project.to_owned()).or_default().clone()
+        };
+        // FIFO: waiters of one project go in the order they arrived.
+        let mut last = slot.lock().await;
+        if let Some(finished) = *last {
+            tokio::time::sleep_until((finished + interval).into()).await;
         }
+        let out = operation.await;
+        *last = Some(Instant::now());
+        out
     }
 }

@@ -19,6 +19,7 @@ pub mod gcs;
 pub mod metrics;
 pub mod mock_gcs;
 pub mod naming;
+pub mod publish;
 pub mod settings;
 pub mod telemetry;
 pub mod testenv;

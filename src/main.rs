@@ -85,6 +85,9 @@ struct OperatorArgs {
     /// Reconciles in parallel (0: unbounded).
     #[arg(long, default_value_t = 32)]
     concurrency: u16,
+    /// Name of the per-namespace ConfigMap that maps logical to physical names.
+    #[arg(long, default_value = "bucketmap")]
+    map_name: String,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -116,6 +119,7 @@ fn operator_config(args: &OperatorArgs) -> OperatorConfig {
         namespace: args.namespace.clone(),
         concurrency: args.concurrency,
         bucket_ops_interval: Some(args.bucket_ops_interval),
+        map_name: args.map_name.clone(),
     }
 }
 

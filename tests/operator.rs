@@ -80,11 +80,7 @@ async fn create_becomes_ready_with_full_status_and_a_labelled_bucket() -> TestRe
     assert!(iam.uniform_bucket_level_access.is_some_and(|u| u.enabled));
     assert_eq!(iam.public_access_prevention, "enforced");
     assert_eq!(buckets_named(&f, "photos").len(), 1);
-    assert!(
-        f.event_reasons("photos")
-            .await?
-            .contains(&"Created".to_owned())
-    );
+    f.wait_event("photos", "Created").await?;
     Ok(())
 }
 
@@ -260,11 +256,7 @@ async fn a_foreign_bucket_on_the_name_leads_to_the_next_name_and_is_never_touche
         f.gcs.bucket_project(&taken).as_deref(),
         Some("other-project")
     );
-    assert!(
-        f.event_reasons("photos")
-            .await?
-            .contains(&"NameConflict".to_owned())
-    );
+    f.wait_event("photos", "NameConflict").await?;
     Ok(())
 }
 
@@ -416,11 +408,7 @@ async fn drift_is_corrected_and_nothing_is_written_when_in_sync() -> TestResult 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(f.gcs.call_count("UpdateBucket") >= 1);
-    assert!(
-        f.event_reasons("photos")
-            .await?
-            .contains(&"Updated".to_owned())
-    );
+    f.wait_event("photos", "Updated").await?;
 
     // A spec change is applied.
     f.merge_spec(
@@ -460,11 +448,7 @@ async fn a_bucket_deleted_out_of_band_is_recreated_with_the_same_name() -> TestR
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(physical(&f.get("photos").await?), bucket);
-    assert!(
-        f.event_reasons("photos")
-            .await?
-            .contains(&"BucketRecreated".to_owned())
-    );
+    f.wait_event("photos", "BucketRecreated").await?;
     Ok(())
 }
 
@@ -502,11 +486,7 @@ async fn deleting_a_non_empty_bucket_is_blocked_until_it_is_emptied() -> TestRes
         "a non-empty bucket is kept"
     );
     assert_eq!(f.gcs.objects(&bucket).len(), 1, "no object is deleted");
-    assert!(
-        f.event_reasons("photos")
-            .await?
-            .contains(&"DeletionBlocked".to_owned())
-    );
+    f.wait_event("photos", "DeletionBlocked").await?;
     // No hot loop: the retries back off.
     let lists_before = f.gcs.call_count("ListObjects");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -542,11 +522,7 @@ async fn force_destroy_deletes_every_object_version_then_the_bucket() -> TestRes
     f.delete("photos").await?;
     f.wait_gone("photos", Duration::from_secs(30)).await?;
     assert!(f.gcs.bucket(&bucket).is_none());
-    assert!(
-        f.event_reasons("photos")
-            .await?
-            .contains(&"ObjectsDeleted".to_owned())
-    );
+    f.wait_event("photos", "ObjectsDeleted").await?;
     Ok(())
 }
 
@@ -663,7 +639,7 @@ async fn a_hundred_creates_converge_under_the_per_project_quota() -> TestResult 
     let mut f = Fixture::new().await?;
     let interval = Duration::from_millis(100);
     f.gcs.set_bucket_rate_limit(Some(interval));
-    f.config.bucket_ops_interval = Some(interval + Duration::from_millis(50));
+    f.config.bucket_ops_interval = Some(interval);
     f.config.resync = Duration::from_secs(600);
     f.start_operator().await?;
     let names: Vec<String> = (0..100).map(|i| format!("b{i:03}")).collect();

@@ -42,6 +42,7 @@ pub fn test_config(ns: &str) -> OperatorConfig {
         namespace: Some(ns.to_owned()),
         concurrency: 16,
         bucket_ops_interval: None,
+        map_name: "bucketmap".to_owned(),
     }
 }
 
@@ -217,6 +218,22 @@ impl Fixture {
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .filter_map(|e| e.reason)
             .collect())
+    }
+
+    /// Waits until an event with `reason` was recorded for the Gcs.
+    pub async fn wait_event(&self, name: &str, reason: &str) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let reasons = self.event_reasons(name).await?;
+            if reasons.iter().any(|r| r == reason) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "no {reason} event for Gcs {name}; events: {reasons:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Runs kubectl against the test control plane (without blocking the
