@@ -16,6 +16,7 @@ pub mod controller;
 pub mod crd;
 pub mod dev;
 pub mod gcs;
+pub mod leader;
 pub mod metrics;
 pub mod mock_gcs;
 pub mod naming;

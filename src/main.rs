@@ -12,6 +12,7 @@ use kube::CustomResourceExt;
 use bucketmap::controller::{self, OperatorConfig};
 use bucketmap::crd::Gcs;
 use bucketmap::gcs::{GcsClient, GcsConfig};
+use bucketmap::leader::{self, LeaderElection};
 use bucketmap::metrics::{self, Health, Metrics};
 use bucketmap::telemetry::{self, LogFormat};
 
@@ -88,6 +89,24 @@ struct OperatorArgs {
     /// Name of the per-namespace ConfigMap that maps logical to physical names.
     #[arg(long, default_value = "bucketmap")]
     map_name: String,
+    /// Run as one of several replicas: only the holder of a Lease reconciles.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "bucketmap-system")]
+    leader_election_namespace: String,
+    /// Name of the leader election Lease.
+    #[arg(long, default_value = "bucketmap-operator")]
+    leader_election_id: String,
+    /// This replica's identity in the Lease (default: $POD_NAME, else host name and pid).
+    #[arg(long)]
+    leader_election_identity: Option<String>,
+    /// How long the Lease stays valid after its last renewal; a standby takes over within it.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// How long before expiry the holder renews the Lease.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    lease_renew_margin: Duration,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -163,19 +182,65 @@ async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {
         health.clone(),
         shutdown_signal(),
     ));
+    let config = operator_config(&args);
     let ready = health.clone();
-    controller::run(
-        client,
-        gcs,
-        metrics,
-        operator_config(&args),
-        move || ready.set_ready(true),
-        shutdown_signal(),
-    )
-    .await;
+    let operator = {
+        let client = client.clone();
+        move |stop: tokio::sync::oneshot::Receiver<()>| {
+            controller::run(
+                client,
+                gcs,
+                metrics,
+                config,
+                move || ready.set_ready(true),
+                async {
+                    let _ = stop.await;
+                },
+            )
+        }
+    };
+    let result = if args.leader_elect {
+        let election = LeaderElection {
+            namespace: args.leader_election_namespace.clone(),
+            lease_name: args.leader_election_id.clone(),
+            identity: args
+                .leader_election_identity
+                .clone()
+                .unwrap_or_else(default_identity),
+            lease_duration: args.lease_duration,
+            renew_margin: args.lease_renew_margin,
+        };
+        // A standby is healthy and ready to take over.
+        let standby = health.clone();
+        leader::run_while_leader(
+            client,
+            &election,
+            shutdown_signal(),
+            move || standby.set_ready(true),
+            |stop| {
+                health.set_ready(false);
+                operator(stop)
+            },
+        )
+        .await
+    } else {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let run = tokio::spawn(operator(stopped));
+        shutdown_signal().await;
+        let _ = stop.send(());
+        run.await.context("the operator task panicked")
+    };
     health.set_ready(false);
-    server.await.context("metrics server task")??;
-    Ok(())
+    server.abort();
+    result
+}
+
+/// This replica's identity in the lease: the pod name, else host name and pid.
+fn default_identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    })
 }
 
 #[tokio::main]

@@ -1,0 +1,127 @@
+//! Two `bucketmap operator --leader-elect` processes: only the Lease holder
+//! reconciles, and when it dies the standby takes over within a lease.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use common::{Fixture, physical};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+
+type TestResult = anyhow::Result<()>;
+
+const LEASE: &str = "bucketmap-operator";
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn metric(port: u16, name: &str) -> anyhow::Result<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    Ok(text
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0))
+}
+
+fn start(f: &Fixture, identity: &str, port: u16) -> anyhow::Result<tokio::process::Child> {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+        .args([
+            "operator",
+            "--gcs-anonymous",
+            "--gcs-endpoint",
+            &f.mock.endpoint(),
+        ])
+        .args(["--namespace", &f.ns, "--bucket-ops-interval", "0s"])
+        .args(["--leader-elect", "--leader-election-namespace", &f.ns])
+        .args(["--leader-election-identity", identity])
+        .args(["--lease-duration", "4s", "--lease-renew-margin", "2s"])
+        .args(["--default-project", "leader-project"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", f.env.kubeconfig_path())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start the operator")
+}
+
+async fn holder(f: &Fixture) -> anyhow::Result<Option<String>> {
+    let api: Api<Lease> = Api::namespaced(f.client.clone(), &f.ns);
+    Ok(api
+        .get_opt(LEASE)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+#[tokio::test]
+async fn only_the_leader_reconciles_and_a_standby_takes_over() -> TestResult {
+    let f = Fixture::new().await?;
+    let ports = [free_port()?, free_port()?];
+    let mut a = start(&f, "replica-a", ports[0])?;
+    let mut b = start(&f, "replica-b", ports[1])?;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        if let Some(h) = holder(&f).await? {
+            break h;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "nobody took the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (leader_port, standby_port) = if leader == "replica-a" {
+        (ports[0], ports[1])
+    } else {
+        (ports[1], ports[0])
+    };
+
+    f.create("first", serde_json::json!({"bucketName": "first"}))
+        .await?;
+    let first = f.wait_ready("first").await?;
+    assert!(f.gcs.bucket(&physical(&first)).is_some());
+    assert!(metric(leader_port, "bucketmap_reconciles_total").await? >= 1.0);
+    assert_eq!(
+        metric(standby_port, "bucketmap_reconciles_total").await?,
+        0.0,
+        "the standby must not reconcile"
+    );
+
+    // The leader dies without releasing the lease.
+    let (dead, mut survivor) = if leader == "replica-a" {
+        (&mut a, b)
+    } else {
+        (&mut b, a)
+    };
+    dead.kill().await?;
+    let killed_at = tokio::time::Instant::now();
+
+    f.create("second", serde_json::json!({"bucketName": "second"}))
+        .await?;
+    let second = f.wait_ready("second").await?;
+    assert!(f.gcs.bucket(&physical(&second)).is_some());
+    let new_holder = holder(&f).await?.unwrap_or_default();
+    assert_ne!(new_holder, leader, "the lease moved to the standby");
+    assert!(metric(standby_port, "bucketmap_reconciles_total").await? >= 1.0);
+    // Lease of 4 s: takeover within a lease duration, plus reconcile time.
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(20),
+        "takeover took {:?}",
+        killed_at.elapsed()
+    );
+    survivor.kill().await?;
+    Ok(())
+}
