@@ -248,7 +248,7 @@ impl Fixture {
             .await
     }
 
-    async fn kubectl_with_stdin(
+    pub async fn kubectl_with_stdin(
         &self,
         args: &[&str],
         stdin: &str,

@@ -1,0 +1,130 @@
+//! `deploy/` as a user installs it: the kustomize base is accepted by the
+//! API server, and its least-privilege RBAC is enough for the operator to do
+//! its whole job (it runs here as the base's ServiceAccount).
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use common::{Fixture, physical};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::Api;
+
+type TestResult = anyhow::Result<()>;
+
+const SERVICE_ACCOUNT: &str = "system:serviceaccount:bucketmap-system:bucketmap";
+
+/// A copy of the admin kubeconfig that impersonates the operator's ServiceAccount.
+fn impersonating_kubeconfig(
+    f: &Fixture,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let text = std::fs::read_to_string(f.env.kubeconfig_path())?;
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let users = config
+        .get_mut("users")
+        .and_then(|u| u.as_sequence_mut())
+        .context("kubeconfig without users")?;
+    for user in users {
+        if let Some(u) = user.get_mut("user").and_then(|u| u.as_mapping_mut()) {
+            u.insert("as".into(), SERVICE_ACCOUNT.into());
+        }
+    }
+    let path = dir.join("operator.kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+    Ok(path)
+}
+
+#[tokio::test]
+async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() -> TestResult {
+    let f = Fixture::new().await?;
+    let base = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
+    let rendered = f.kubectl(&["kustomize", base]).await?;
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let manifest = String::from_utf8(rendered.stdout)?;
+    for kind in [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "Deployment",
+        "PodDisruptionBudget",
+    ] {
+        assert!(
+            manifest.contains(&format!("kind: {kind}\n")),
+            "kustomize output lacks a {kind}"
+        );
+    }
+    let applied = f
+        .kubectl_with_stdin(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            &manifest,
+        )
+        .await?;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+
+    // The operator, as the ServiceAccount, watching every namespace, with
+    // leader election in its own namespace.
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = impersonating_kubeconfig(&f, dir.path())?;
+    let can_i = f
+        .kubectl(&[
+            "auth",
+            "can-i",
+            "delete",
+            "gcs.storage.bucketmap.dev",
+            "--as",
+            SERVICE_ACCOUNT,
+        ])
+        .await?;
+    assert!(!can_i.status.success(), "nothing beyond the declared rules");
+    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+        .args([
+            "operator",
+            "--gcs-anonymous",
+            "--gcs-endpoint",
+            &f.mock.endpoint(),
+        ])
+        .args([
+            "--leader-elect",
+            "--bucket-ops-interval",
+            "0s",
+            "--default-project",
+            "rbac-project",
+        ])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("POD_NAMESPACE")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    let g = f.wait_ready("photos").await?;
+    assert!(f.gcs.bucket(&physical(&g)).is_some());
+    let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
+    let map = cms.get("bucketmap").await?.data.unwrap_or_default();
+    assert_eq!(map.get("photos"), Some(&physical(&g)));
+    let secrets: Api<Secret> = Api::namespaced(f.client.clone(), &f.ns);
+    assert!(secrets.get_opt("photos-gcs-binding").await?.is_some());
+    f.wait_event("photos", "Created").await?;
+
+    f.delete("photos").await?;
+    f.wait_gone("photos", Duration::from_secs(30)).await?;
+    assert!(f.gcs.bucket(&physical(&g)).is_none());
+    assert!(secrets.get_opt("photos-gcs-binding").await?.is_none());
+    assert!(operator.try_wait()?.is_none(), "operator still running");
+    operator.kill().await?;
+    Ok(())
+}
