@@ -24,6 +24,7 @@ pub mod publish;
 pub mod settings;
 pub mod telemetry;
 pub mod testenv;
+pub mod webhook;
 
 /// Chooses the process-wide rustls crypto provider. Both ring (kube-rs) and
 /// aws-lc-rs (the Google crates) are linked in, so rustls cannot choose on its

@@ -39,7 +39,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the operator against the cluster of the current kubeconfig (or in-cluster).
-    Operator(OperatorArgs),
+    Operator(Box<OperatorArgs>),
     /// Print the CustomResourceDefinition (deploy/crd.yaml is this output).
     Crd,
     /// Start a local control plane and mock GCS, run the operator, apply examples/.
@@ -107,6 +107,35 @@ struct OperatorArgs {
     /// How long before expiry the holder renews the Lease.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     lease_renew_margin: Duration,
+    /// Serve the pod injection webhook (HTTPS) on this address; off when unset.
+    #[arg(long)]
+    webhook_addr: Option<SocketAddr>,
+    /// Directory with tls.crt and tls.key for the webhook (e.g. a cert-manager
+    /// Secret); without it the operator generates and rotates its own.
+    #[arg(long)]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Secret (in the operator's namespace) holding the self-managed webhook certificate.
+    #[arg(long, default_value = "bucketmap-webhook-tls")]
+    webhook_secret: String,
+    /// MutatingWebhookConfiguration whose caBundle the operator keeps current.
+    #[arg(long, default_value = "bucketmap")]
+    webhook_config_name: String,
+    /// Names the webhook certificate is valid for (default: the webhook Service's DNS names).
+    #[arg(long = "webhook-host")]
+    webhook_hosts: Vec<String>,
+    /// Service in front of the webhook (for the default certificate names).
+    #[arg(long, default_value = "bucketmap-webhook")]
+    webhook_service: String,
+    /// Image of the injected sidecar.
+    #[arg(
+        long,
+        env = "BUCKETMAP_SIDECAR_IMAGE",
+        default_value = "bucketmap/bucketmap:0.1.0"
+    )]
+    sidecar_image: String,
+    /// Loopback port of the injected sidecar.
+    #[arg(long, default_value_t = 9023)]
+    sidecar_port: u16,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -183,6 +212,9 @@ async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {
         shutdown_signal(),
     ));
     let config = operator_config(&args);
+    if let Some(addr) = args.webhook_addr {
+        start_webhook(&args, &client, addr).await?;
+    }
     let ready = health.clone();
     let operator = {
         let client = client.clone();
@@ -235,6 +267,49 @@ async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {
     result
 }
 
+/// Starts the pod injection webhook (on every replica, leader or not).
+async fn start_webhook(
+    args: &OperatorArgs,
+    client: &kube::Client,
+    addr: SocketAddr,
+) -> anyhow::Result<()> {
+    use bucketmap::webhook::{self, InjectionConfig, tls::CertSource};
+    let source = match &args.webhook_cert_dir {
+        Some(dir) => CertSource::Files(dir.clone()),
+        None => {
+            let ns = &args.leader_election_namespace;
+            let svc = &args.webhook_service;
+            let hosts = if args.webhook_hosts.is_empty() {
+                vec![
+                    format!("{svc}.{ns}.svc"),
+                    format!("{svc}.{ns}.svc.cluster.local"),
+                ]
+            } else {
+                args.webhook_hosts.clone()
+            };
+            CertSource::SelfManaged {
+                client: client.clone(),
+                namespace: ns.clone(),
+                secret: args.webhook_secret.clone(),
+                hosts,
+                webhook_config: args.webhook_config_name.clone(),
+            }
+        }
+    };
+    let certs = webhook::tls::start(source, Duration::from_secs(60)).await?;
+    let cfg = InjectionConfig {
+        sidecar_image: args.sidecar_image.clone(),
+        port: args.sidecar_port,
+        map_name: args.map_name.clone(),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = webhook::serve(addr, certs, cfg, shutdown_signal()).await {
+            tracing::error!(error = %format!("{e:#}"), "webhook server stopped");
+        }
+    });
+    Ok(())
+}
+
 /// This replica's identity in the lease: the pod name, else host name and pid.
 fn default_identity() -> String {
     std::env::var("POD_NAME").unwrap_or_else(|_| {
@@ -249,7 +324,7 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init(cli.log_format);
     bucketmap::install_crypto_provider();
     match cli.command {
-        Command::Operator(args) => run_operator(args).await,
+        Command::Operator(args) => run_operator(*args).await,
         Command::Bench(args) => bucketmap::bench::bench(args).await,
         Command::Crd => {
             let yaml = serde_yaml::to_string(&Gcs::crd()).context("cannot render the CRD")?;

@@ -1,0 +1,1412 @@
+//! Benchmark of `bucketmap-sidecar`: the same requests sent straight to an
+//! upstream and through the release-built sidecar, in one run, every figure
+//! printed next to its ratio to the direct baseline. It is not a test: the
+//! targets are reported (met / MISSED), never asserted.
+//!
+//! ```sh
+//! cargo bench -p bucketmap-sidecar --bench proxy
+//! BUCKETMAP_BENCH_QUICK=1 cargo bench -p bucketmap-sidecar --bench proxy   # smoke run, small sizes
+//! ```
+//!
+//! Upstreams:
+//! - an in-process hyper HTTP/1.1 server on loopback (its own thread and
+//!   single-threaded runtime) that answers as fast as it can: a canned object
+//!   resource for metadata GETs, upload bodies read and discarded, download
+//!   bodies generated from one shared buffer. What differs between the direct
+//!   and the proxied figures is then the proxy's own cost;
+//! - fake-gcs-server (memory backend), the realistic upstream the integration
+//!   tests use, from `tools/fake-gcs-server/install.sh`. Its figures are
+//!   skipped, with a note, when it cannot be had.
+//!
+//! Measurements (the sidecar runs as a child process with
+//! `--no-auth --map photos=photos-k3x9q2mw`; direct requests name the
+//! physical bucket, proxied ones the logical bucket):
+//! 1. metadata latency: `GET /storage/v1/b/B/o/x` (JSON, rewritten by the
+//!    sidecar) at a fixed rate, open loop (requests are sent on schedule
+//!    whatever the answers do), in blocks alternating direct and proxied so
+//!    that background load hits both alike; latency percentiles and the
+//!    latency the sidecar adds;
+//! 2. streaming throughput of one large `uploadType=media` upload and one
+//!    `alt=media` download, alternating direct and proxied, median of the
+//!    repetitions;
+//! 3. the sidecar's memory: a fresh sidecar's idle RSS, then its peak RSS
+//!    (`VmHWM`) after 64 concurrent downloads and after 64 concurrent uploads,
+//!    with the aggregate throughput of those streams direct and proxied.
+//!
+//! The load client is a hyper-util pooled client on the bench's own
+//! single-threaded runtime; latencies run from the moment a request is
+//! handed to the client to the last byte of the response body.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, Uri, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+const SIDECAR_BIN: &str = env!("CARGO_BIN_EXE_bucketmap-sidecar");
+const LOGICAL: &str = "photos";
+const PHYSICAL: &str = "photos-k3x9q2mw";
+const MIB: u64 = 1 << 20;
+/// Size of the buffer generated bodies are sliced from (one frame each).
+const CHUNK: usize = 128 * 1024;
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+const STREAM_TIMEOUT: Duration = Duration::from_secs(180);
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+// Targets (reported, not asserted).
+const TARGET_ADDED_P50: Duration = Duration::from_micros(100);
+const TARGET_ADDED_P99: Duration = Duration::from_millis(1);
+const TARGET_THROUGHPUT_RATIO: f64 = 0.90;
+const TARGET_PEAK_RSS_KIB: u64 = 20 * 1024;
+
+/// What one run does.
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    /// Metadata requests per second (open loop).
+    rate: u64,
+    /// Length of one open-loop block; blocks alternate direct and proxied.
+    block: Duration,
+    /// Blocks per path and upstream.
+    blocks: u32,
+    /// Closed-loop warm-up requests per path before measuring.
+    warmup: u32,
+    /// Single-stream object size, in-process upstream.
+    big: u64,
+    /// Single-stream object size, fake-gcs-server.
+    fake_big: u64,
+    /// Repetitions of each single-stream transfer per path.
+    reps: u32,
+    /// Concurrent streams in the memory phase.
+    streams: usize,
+    /// Bytes per concurrent stream.
+    stream_size: u64,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let quick = std::env::var_os("BUCKETMAP_BENCH_QUICK").is_some_and(|v| v != "0");
+        if quick {
+            Settings {
+                rate: 500,
+                block: Duration::from_secs(1),
+                blocks: 2,
+                warmup: 50,
+                big: 32 * MIB,
+                fake_big: 32 * MIB,
+                reps: 1,
+                streams: 64,
+                stream_size: 2 * MIB,
+            }
+        } else {
+            Settings {
+                rate: 500,
+                block: Duration::from_secs(2),
+                blocks: 5,
+                warmup: 200,
+                big: 256 * MIB,
+                fake_big: 256 * MIB,
+                reps: 3,
+                streams: 64,
+                stream_size: 16 * MIB,
+            }
+        }
+    }
+
+    fn per_path(&self) -> Duration {
+        self.block * self.blocks
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bodies
+
+/// A body of `remaining` bytes sliced from one shared buffer (no copies).
+struct Generated {
+    remaining: u64,
+    chunk: Bytes,
+}
+
+impl Generated {
+    fn new(size: u64, chunk: &Bytes) -> Self {
+        Generated {
+            remaining: size,
+            chunk: chunk.clone(),
+        }
+    }
+}
+
+impl Body for Generated {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.remaining.min(self.chunk.len() as u64) as usize;
+        self.remaining -= n as u64;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+type BenchBody = BoxBody<Bytes, Infallible>;
+
+fn empty() -> BenchBody {
+    Empty::new().boxed()
+}
+
+fn pattern_chunk() -> Bytes {
+    (0..CHUNK)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+// ---------------------------------------------------------------------------
+// In-process upstream
+
+struct Canned {
+    addr: SocketAddr,
+    big: u64,
+    stream_size: u64,
+    metadata: Bytes,
+    chunk: Bytes,
+}
+
+impl Canned {
+    /// An object resource shaped like GCS's (links on the upstream's address).
+    fn object_json(&self, bucket: &str, name: &str, size: u64) -> String {
+        let addr = self.addr;
+        let generation = "1764417600000000";
+        format!(
+            concat!(
+                r#"{{"kind":"storage#object","id":"{b}/{n}/{g}","#,
+                r#""selfLink":"http://{a}/storage/v1/b/{b}/o/{n}","#,
+                r#""mediaLink":"http://{a}/download/storage/v1/b/{b}/o/{n}?generation={g}&alt=media","#,
+                r#""name":"{n}","bucket":"{b}","generation":"{g}","metageneration":"1","#,
+                r#""contentType":"application/octet-stream","storageClass":"STANDARD","size":"{s}","#,
+                r#""md5Hash":"XUFAKrxLKna5cZ2REBfFkg==","crc32c":"mnG7TA==","etag":"CIDg4pCOkJEDEAE=","#,
+                r#""timeCreated":"2025-11-29T12:00:00.000Z","updated":"2025-11-29T12:00:00.000Z","#,
+                r#""timeStorageClassUpdated":"2025-11-29T12:00:00.000Z"}}"#
+            ),
+            a = addr,
+            b = bucket,
+            n = name,
+            g = generation,
+            s = size,
+        )
+    }
+}
+
+fn json_response(body: impl Into<Bytes>) -> Response<BenchBody> {
+    let mut response = Response::new(Full::new(body.into()).boxed());
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json; charset=UTF-8"),
+    );
+    response
+}
+
+fn status_response(status: StatusCode) -> Response<BenchBody> {
+    let mut response = Response::new(empty());
+    *response.status_mut() = status;
+    response
+}
+
+fn query_param<'q>(query: Option<&'q str>, key: &str) -> Option<&'q str> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+}
+
+async fn upstream_handle(
+    req: Request<Incoming>,
+    canned: Arc<Canned>,
+) -> Result<Response<BenchBody>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().map(str::to_owned);
+    let media = query_param(query.as_deref(), "alt") == Some("media");
+    if req.method() == Method::POST && path.starts_with("/upload/storage/v1/b/") {
+        let bucket = path["/upload/storage/v1/b/".len()..]
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let name = query_param(query.as_deref(), "name")
+            .unwrap_or("object")
+            .to_owned();
+        let mut body = req.into_body();
+        let mut received = 0u64;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        received += data.len() as u64;
+                    }
+                }
+                Err(_) => return Ok(status_response(StatusCode::BAD_REQUEST)),
+            }
+        }
+        return Ok(json_response(canned.object_json(&bucket, &name, received)));
+    }
+    if req.method() == Method::GET && path.starts_with("/storage/v1/b/") {
+        if !media {
+            return Ok(json_response(canned.metadata.clone()));
+        }
+        let size = if path.ends_with("/o/big") {
+            canned.big
+        } else {
+            canned.stream_size
+        };
+        let mut response = Response::new(Generated::new(size, &canned.chunk).boxed());
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/octet-stream"),
+        );
+        headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(size));
+        return Ok(response);
+    }
+    Ok(status_response(StatusCode::NOT_FOUND))
+}
+
+/// Starts the in-process upstream on its own thread and runtime.
+fn start_in_process_upstream(settings: &Settings, chunk: &Bytes) -> Result<SocketAddr> {
+    let listener = StdTcpListener::bind("127.0.0.1:0").context("cannot bind the upstream")?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let mut canned = Canned {
+        addr,
+        big: settings.big,
+        stream_size: settings.stream_size,
+        metadata: Bytes::new(),
+        chunk: chunk.clone(),
+    };
+    canned.metadata = canned.object_json(PHYSICAL, "x", 595).into();
+    let canned = Arc::new(canned);
+    std::thread::Builder::new()
+        .name("bench-upstream".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("upstream runtime");
+            runtime.block_on(async move {
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).expect("upstream listener");
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let canned = canned.clone();
+                    tokio::spawn(async move {
+                        let service = service_fn(move |req| upstream_handle(req, canned.clone()));
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+            });
+        })
+        .context("cannot start the upstream thread")?;
+    Ok(addr)
+}
+
+// ---------------------------------------------------------------------------
+// Child processes
+
+/// A child process, killed when dropped.
+struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
+        let file =
+            File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        Ok(Proc { name, child, log })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn check_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited with {status}\n{}",
+                self.name,
+                log_tail(&self.log, 20)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let start = all.len().saturating_sub(lines);
+    format!("--- {} ---\n{}", path.display(), all[start..].join("\n"))
+}
+
+fn free_port() -> Result<u16> {
+    let listener = StdTcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Polls `path` until it answers 200; fails if the process exits (a port
+/// lost to a race makes it exit, and the answer may then come from another
+/// process, hence the second look after the first 200).
+async fn wait_ready(
+    client: &HttpClient,
+    proc: &mut Proc,
+    addr: SocketAddr,
+    path: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let uri: Uri = format!("http://{addr}{path}").parse()?;
+    loop {
+        proc.check_running()?;
+        let probe = Request::get(uri.clone()).body(empty())?;
+        if let Ok(Ok(response)) =
+            tokio::time::timeout(Duration::from_secs(2), client.request(probe)).await
+            && response.status() == StatusCode::OK
+        {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            proc.check_running()?;
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} at {addr} not ready after {READY_TIMEOUT:?}\n{}",
+                proc.name,
+                log_tail(&proc.log, 20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts the release-built sidecar in front of `upstream`.
+async fn start_sidecar(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+    tag: &str,
+) -> Result<(Proc, SocketAddr)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let mut cmd = Command::new(SIDECAR_BIN);
+        cmd.args(["--listen", &addr.to_string()])
+            .args(["--upstream", &format!("http://{upstream}")])
+            .arg("--no-auth")
+            .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        let log = dir.join(format!("sidecar-{tag}-{attempt}.log"));
+        let mut proc = Proc::spawn("bucketmap-sidecar", &mut cmd, log)?;
+        match wait_ready(client, &mut proc, addr, "/_bucketmap/readyz").await {
+            Ok(()) => return Ok((proc, addr)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow!("the sidecar did not start")))
+}
+
+/// The fake-gcs-server binary from the repository's install script.
+fn fake_gcs_server_bin() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("FAKE_GCS_SERVER_BIN") {
+        return Ok(bin.into());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/fake-gcs-server/install.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed with {}", script.display(), out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default().trim();
+    if last.is_empty() {
+        bail!("{} printed no path", script.display());
+    }
+    Ok(PathBuf::from(last))
+}
+
+/// fake-gcs-server (memory backend) holding the physical bucket and object `x`.
+async fn start_fake_gcs(client: &HttpClient, bin: &Path, dir: &Path) -> Result<(Proc, SocketAddr)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-backend",
+            "memory",
+            "-log-level",
+            "error",
+        ])
+        .args(["-port", &addr.port().to_string()])
+        .args(["-public-host", &addr.to_string()])
+        .args(["-external-url", &format!("http://{addr}")]);
+        let log = dir.join(format!("fake-gcs-server-{attempt}.log"));
+        let mut proc = Proc::spawn("fake-gcs-server", &mut cmd, log)?;
+        let started = async {
+            wait_ready(client, &mut proc, addr, "/_internal/healthcheck").await?;
+            // A fresh server has no bucket: a 409 means the port belongs to
+            // someone else's fake-gcs-server, which must not be touched.
+            let create = Request::post(format!("http://{addr}/storage/v1/b"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(format!(r#"{{"name":"{PHYSICAL}"}}"#))).boxed())?;
+            let response = client.request(create).await?;
+            if response.status() != StatusCode::OK {
+                bail!("creating bucket {PHYSICAL} answered {}", response.status());
+            }
+            let _ = response.into_body().collect().await;
+            proc.check_running()?;
+            let object = Full::new(Bytes::from(vec![b'x'; 595])).boxed();
+            let upload = Request::post(format!(
+                "http://{addr}/upload/storage/v1/b/{PHYSICAL}/o?uploadType=media&name=x"
+            ))
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(object)?;
+            let response = client.request(upload).await?;
+            if response.status() != StatusCode::OK {
+                bail!("uploading object x answered {}", response.status());
+            }
+            let _ = response.into_body().collect().await;
+            Ok(())
+        };
+        match started.await {
+            Ok(()) => return Ok((proc, addr)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow!("fake-gcs-server did not start")))
+}
+
+/// `VmRSS` and `VmHWM` of a process, in KiB.
+fn memory_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| anyhow!("no {name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+// ---------------------------------------------------------------------------
+// Load client
+
+type HttpClient = Client<HttpConnector, BenchBody>;
+
+fn new_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+/// Where requests go: straight to the upstream (physical name) or through
+/// the sidecar (logical name).
+#[derive(Clone, Copy, Debug)]
+struct Endpoint {
+    label: &'static str,
+    addr: SocketAddr,
+    bucket: &'static str,
+}
+
+impl Endpoint {
+    fn metadata(&self) -> Uri {
+        let Endpoint { addr, bucket, .. } = self;
+        format!("http://{addr}/storage/v1/b/{bucket}/o/x")
+            .parse()
+            .expect("metadata URI")
+    }
+
+    fn upload(&self, name: &str) -> Uri {
+        let Endpoint { addr, bucket, .. } = self;
+        format!("http://{addr}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}")
+            .parse()
+            .expect("upload URI")
+    }
+
+    fn download(&self, name: &str) -> Uri {
+        let Endpoint { addr, bucket, .. } = self;
+        format!("http://{addr}/storage/v1/b/{bucket}/o/{name}?alt=media")
+            .parse()
+            .expect("download URI")
+    }
+}
+
+/// One metadata GET: (latency to the last byte, body).
+async fn get_metadata(client: &HttpClient, uri: Uri) -> Result<(Duration, Bytes)> {
+    let request = Request::get(uri).body(empty())?;
+    let started = Instant::now();
+    let response = client.request(request).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    let elapsed = started.elapsed();
+    if status != StatusCode::OK {
+        bail!(
+            "metadata GET answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    Ok((elapsed, body))
+}
+
+/// Checks the object resource names `bucket` (so proxied answers really
+/// were rewritten).
+fn check_bucket_field(body: &[u8], bucket: &str) -> Result<()> {
+    let value: serde_json::Value = serde_json::from_slice(body).context("metadata is not JSON")?;
+    if value["bucket"] != bucket {
+        bail!(
+            "metadata names bucket {} instead of {bucket}",
+            value["bucket"]
+        );
+    }
+    Ok(())
+}
+
+/// One open-loop block: `rate` requests per second for `length`, each sent
+/// on schedule in its own task whatever the earlier ones are doing.
+async fn open_loop(
+    client: &HttpClient,
+    endpoint: &Endpoint,
+    rate: u64,
+    length: Duration,
+    samples: &mut Vec<Duration>,
+    errors: &mut Vec<String>,
+) {
+    let count = (rate as f64 * length.as_secs_f64()).round() as u64;
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let uri = endpoint.metadata();
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+        let client = client.clone();
+        let uri = uri.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::timeout(METADATA_TIMEOUT, get_metadata(&client, uri)).await
+        }));
+    }
+    for task in tasks {
+        match task.await {
+            Ok(Ok(Ok((latency, _)))) => samples.push(latency),
+            Ok(Ok(Err(e))) => errors.push(format!("{e:#}")),
+            Ok(Err(_)) => errors.push(format!("timed out after {METADATA_TIMEOUT:?}")),
+            Err(e) => errors.push(format!("task failed: {e}")),
+        }
+    }
+}
+
+/// One `uploadType=media` upload of `size` generated bytes; returns the time
+/// to the end of the response.
+async fn upload(
+    client: &HttpClient,
+    endpoint: &Endpoint,
+    name: &str,
+    size: u64,
+    chunk: &Bytes,
+) -> Result<Duration> {
+    let request = Request::post(endpoint.upload(name))
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, size)
+        .body(Generated::new(size, chunk).boxed())?;
+    let started = Instant::now();
+    let work = async {
+        let response = client.request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, body))
+    };
+    let (status, body) = tokio::time::timeout(STREAM_TIMEOUT, work)
+        .await
+        .map_err(|_| anyhow!("upload timed out after {STREAM_TIMEOUT:?}"))??;
+    let elapsed = started.elapsed();
+    if status != StatusCode::OK {
+        bail!(
+            "upload via {} answered {status}: {}",
+            endpoint.label,
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(&body).context("upload response is not JSON")?;
+    let stored = value["size"]
+        .as_u64()
+        .or_else(|| value["size"].as_str()?.parse().ok());
+    if stored != Some(size) || value["bucket"] != endpoint.bucket {
+        bail!(
+            "upload via {} stored {} bytes in {} (expected {size} in {})",
+            endpoint.label,
+            value["size"],
+            value["bucket"],
+            endpoint.bucket
+        );
+    }
+    Ok(elapsed)
+}
+
+/// One `alt=media` download, every byte read and counted; returns the time
+/// to the last byte.
+async fn download(
+    client: &HttpClient,
+    endpoint: &Endpoint,
+    name: &str,
+    size: u64,
+) -> Result<Duration> {
+    let request = Request::get(endpoint.download(name)).body(empty())?;
+    let started = Instant::now();
+    let work = async {
+        let response = client.request(request).await?;
+        let status = response.status();
+        let mut body = response.into_body();
+        if status != StatusCode::OK {
+            let text = body.collect().await?.to_bytes();
+            bail!(
+                "download via {} answered {status}: {}",
+                endpoint.label,
+                String::from_utf8_lossy(&text)
+            );
+        }
+        let mut received = 0u64;
+        while let Some(frame) = body.frame().await {
+            if let Some(data) = frame?.data_ref() {
+                received += data.len() as u64;
+            }
+        }
+        anyhow::Ok(received)
+    };
+    let received = tokio::time::timeout(STREAM_TIMEOUT, work)
+        .await
+        .map_err(|_| anyhow!("download timed out after {STREAM_TIMEOUT:?}"))??;
+    let elapsed = started.elapsed();
+    if received != size {
+        bail!(
+            "download via {} got {received} bytes, expected {size}",
+            endpoint.label
+        );
+    }
+    Ok(elapsed)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    Upload,
+    Download,
+}
+
+impl Direction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Direction::Upload => "upload",
+            Direction::Download => "download",
+        }
+    }
+}
+
+/// `count` concurrent transfers of `size` bytes each; returns the wall time
+/// until all are done.
+async fn concurrent(
+    client: &HttpClient,
+    endpoint: &Endpoint,
+    direction: Direction,
+    count: usize,
+    size: u64,
+    chunk: &Bytes,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(count);
+    for i in 0..count {
+        let client = client.clone();
+        let endpoint = *endpoint;
+        let chunk = chunk.clone();
+        tasks.push(tokio::spawn(async move {
+            match direction {
+                Direction::Upload => {
+                    upload(&client, &endpoint, &format!("stream-{i}"), size, &chunk).await
+                }
+                Direction::Download => download(&client, &endpoint, "stream", size).await,
+            }
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| anyhow!("stream task failed: {e}"))??;
+    }
+    Ok(started.elapsed())
+}
+
+// ---------------------------------------------------------------------------
+// Figures
+
+struct Latencies {
+    sorted: Vec<Duration>,
+    errors: Vec<String>,
+}
+
+impl Latencies {
+    fn new(mut samples: Vec<Duration>, errors: Vec<String>) -> Self {
+        samples.sort_unstable();
+        Latencies {
+            sorted: samples,
+            errors,
+        }
+    }
+
+    fn percentile(&self, p: f64) -> Duration {
+        if self.sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = (p / 100.0 * (self.sorted.len() - 1) as f64).round() as usize;
+        self.sorted[rank.min(self.sorted.len() - 1)]
+    }
+
+    fn max(&self) -> Duration {
+        self.sorted.last().copied().unwrap_or_default()
+    }
+}
+
+const PERCENTILES: [(&str, f64); 4] =
+    [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99.9", 99.9)];
+
+struct MetadataFigures {
+    upstream: &'static str,
+    direct: Latencies,
+    via: Latencies,
+}
+
+struct StreamFigures {
+    upstream: &'static str,
+    size: u64,
+    direction: Direction,
+    /// MiB/s per repetition.
+    direct: Vec<f64>,
+    via: Vec<f64>,
+}
+
+struct MemoryFigures {
+    idle_rss_kib: u64,
+    rows: Vec<MemoryRow>,
+}
+
+struct MemoryRow {
+    direction: Direction,
+    direct: f64,
+    via: f64,
+    hwm_after_kib: u64,
+}
+
+fn fmt_duration(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 10_000.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{:.2} ms", us / 1000.0)
+    }
+}
+
+fn fmt_added(via: Duration, direct: Duration) -> String {
+    let us = (via.as_secs_f64() - direct.as_secs_f64()) * 1e6;
+    if us.abs() < 10_000.0 {
+        format!("{us:+.0} µs")
+    } else {
+        format!("{:+.2} ms", us / 1000.0)
+    }
+}
+
+fn ratio(via: f64, direct: f64) -> f64 {
+    if direct > 0.0 { via / direct } else { f64::NAN }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn mib_per_s(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / MIB as f64 / elapsed.as_secs_f64()
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+// ---------------------------------------------------------------------------
+// Phases
+
+async fn metadata_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    upstream: &'static str,
+    direct: &Endpoint,
+    via: &Endpoint,
+) -> Result<MetadataFigures> {
+    eprintln!(
+        "[{upstream}] metadata: warm-up, then {} req/s for {:?} per path in {} alternating blocks",
+        settings.rate,
+        settings.per_path(),
+        settings.blocks
+    );
+    for endpoint in [direct, via] {
+        for _ in 0..settings.warmup {
+            let (_, body) = get_metadata(client, endpoint.metadata())
+                .await
+                .with_context(|| format!("warm-up GET via {}", endpoint.label))?;
+            check_bucket_field(&body, endpoint.bucket)?;
+        }
+    }
+    let (mut direct_samples, mut direct_errors) = (Vec::new(), Vec::new());
+    let (mut via_samples, mut via_errors) = (Vec::new(), Vec::new());
+    for block in 0..settings.blocks {
+        let order = if block % 2 == 0 {
+            [direct, via]
+        } else {
+            [via, direct]
+        };
+        for endpoint in order {
+            let (samples, errors) = if std::ptr::eq(endpoint, direct) {
+                (&mut direct_samples, &mut direct_errors)
+            } else {
+                (&mut via_samples, &mut via_errors)
+            };
+            open_loop(
+                client,
+                endpoint,
+                settings.rate,
+                settings.block,
+                samples,
+                errors,
+            )
+            .await;
+        }
+    }
+    Ok(MetadataFigures {
+        upstream,
+        direct: Latencies::new(direct_samples, direct_errors),
+        via: Latencies::new(via_samples, via_errors),
+    })
+}
+
+async fn streaming_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    upstream: &'static str,
+    size: u64,
+    direct: &Endpoint,
+    via: &Endpoint,
+    chunk: &Bytes,
+) -> Result<Vec<StreamFigures>> {
+    let mut out = Vec::new();
+    for direction in [Direction::Upload, Direction::Download] {
+        eprintln!(
+            "[{upstream}] streaming: {} of {} MiB, {} repetition(s) per path",
+            direction.as_str(),
+            size / MIB,
+            settings.reps
+        );
+        let mut figures = StreamFigures {
+            upstream,
+            size,
+            direction,
+            direct: Vec::new(),
+            via: Vec::new(),
+        };
+        for rep in 0..settings.reps {
+            let order = if rep % 2 == 0 {
+                [direct, via]
+            } else {
+                [via, direct]
+            };
+            for endpoint in order {
+                let elapsed = match direction {
+                    Direction::Upload => upload(client, endpoint, "big", size, chunk).await?,
+                    Direction::Download => download(client, endpoint, "big", size).await?,
+                };
+                let rate = mib_per_s(size, elapsed);
+                eprintln!(
+                    "  {} {}: {rate:.0} MiB/s ({elapsed:.2?})",
+                    direction.as_str(),
+                    endpoint.label
+                );
+                if std::ptr::eq(endpoint, direct) {
+                    figures.direct.push(rate);
+                } else {
+                    figures.via.push(rate);
+                }
+            }
+        }
+        out.push(figures);
+    }
+    Ok(out)
+}
+
+async fn memory_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+    chunk: &Bytes,
+) -> Result<MemoryFigures> {
+    let (mut sidecar, addr) = start_sidecar(client, upstream, dir, "memory").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
+    let direct = Endpoint {
+        label: "direct",
+        addr: upstream,
+        bucket: PHYSICAL,
+    };
+    let via = Endpoint {
+        label: "sidecar",
+        addr,
+        bucket: LOGICAL,
+    };
+    let mut rows = Vec::new();
+    for direction in [Direction::Download, Direction::Upload] {
+        eprintln!(
+            "[memory] {} concurrent {}s of {} MiB each, direct then via a fresh sidecar",
+            settings.streams,
+            direction.as_str(),
+            settings.stream_size / MIB
+        );
+        let total = settings.stream_size * settings.streams as u64;
+        let direct_time = concurrent(
+            client,
+            &direct,
+            direction,
+            settings.streams,
+            settings.stream_size,
+            chunk,
+        )
+        .await?;
+        let via_time = concurrent(
+            client,
+            &via,
+            direction,
+            settings.streams,
+            settings.stream_size,
+            chunk,
+        )
+        .await?;
+        sidecar.check_running()?;
+        let (_, hwm) = memory_kib(sidecar.pid())?;
+        rows.push(MemoryRow {
+            direction,
+            direct: mib_per_s(total, direct_time),
+            via: mib_per_s(total, via_time),
+            hwm_after_kib: hwm,
+        });
+    }
+    Ok(MemoryFigures { idle_rss_kib, rows })
+}
+
+// ---------------------------------------------------------------------------
+// Report
+
+fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+struct Report {
+    settings: Settings,
+    date: String,
+    commit: String,
+    cores: usize,
+    load_before: String,
+    load_after: String,
+    elapsed: Duration,
+    metadata: Vec<MetadataFigures>,
+    streams: Vec<StreamFigures>,
+    memory: Option<MemoryFigures>,
+    main_sidecar_hwm_kib: Option<u64>,
+    notes: Vec<String>,
+}
+
+impl Report {
+    fn render(&self) -> String {
+        let s = &self.settings;
+        let mut out = String::new();
+        let _ = writeln!(out, "## bucketmap-sidecar benchmark\n");
+        let _ = writeln!(
+            out,
+            "{}, commit {}, {} cores, load average {} before / {} after, {:.0?} in all.\n",
+            self.date, self.commit, self.cores, self.load_before, self.load_after, self.elapsed
+        );
+
+        let _ = writeln!(
+            out,
+            "### Metadata latency\n\n`GET /storage/v1/b/B/o/x` (JSON object resource), open loop at {} req/s, {:?} per path in {} blocks of {:?} alternating direct and via the sidecar. Ratios are via-sidecar / direct.\n",
+            s.rate,
+            s.per_path(),
+            s.blocks * 2,
+            s.block
+        );
+        let _ = writeln!(
+            out,
+            "| upstream | path | requests | errors | p50 | p90 | p99 | p99.9 | max |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        for m in &self.metadata {
+            for (label, lat) in [("direct", &m.direct), ("via sidecar", &m.via)] {
+                let mut row = format!(
+                    "| {} | {label} | {} | {} |",
+                    m.upstream,
+                    lat.sorted.len(),
+                    lat.errors.len()
+                );
+                for (_, p) in PERCENTILES {
+                    let value = lat.percentile(p);
+                    if label == "direct" {
+                        let _ = write!(row, " {} |", fmt_duration(value));
+                    } else {
+                        let base = m.direct.percentile(p);
+                        let _ = write!(
+                            row,
+                            " {} ({:.2}×) |",
+                            fmt_duration(value),
+                            ratio(value.as_secs_f64(), base.as_secs_f64())
+                        );
+                    }
+                }
+                let _ = write!(row, " {} |", fmt_duration(lat.max()));
+                let _ = writeln!(out, "{row}");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\n| upstream | added p50 | target ≤ {} | added p99 | target ≤ {} |",
+            fmt_duration(TARGET_ADDED_P50),
+            fmt_duration(TARGET_ADDED_P99)
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for m in &self.metadata {
+            let (d50, v50) = (m.direct.percentile(50.0), m.via.percentile(50.0));
+            let (d99, v99) = (m.direct.percentile(99.0), m.via.percentile(99.0));
+            let ok = m.direct.errors.is_empty() && m.via.errors.is_empty();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                m.upstream,
+                fmt_added(v50, d50),
+                verdict(ok && v50.saturating_sub(d50) <= TARGET_ADDED_P50),
+                fmt_added(v99, d99),
+                verdict(ok && v99.saturating_sub(d99) <= TARGET_ADDED_P99),
+            );
+        }
+        for m in &self.metadata {
+            for (label, lat) in [("direct", &m.direct), ("via sidecar", &m.via)] {
+                if let Some(first) = lat.errors.first() {
+                    let _ = writeln!(
+                        out,
+                        "\n{} {label}: {} errors, first: {first}",
+                        m.upstream,
+                        lat.errors.len()
+                    );
+                }
+            }
+        }
+
+        let _ = writeln!(
+            out,
+            "\n### Streaming throughput\n\nOne `POST /upload/storage/v1/b/B/o?uploadType=media&name=big` and one `GET /storage/v1/b/B/o/big?alt=media`, {} repetition(s) per path alternating direct and via the sidecar; median MiB/s (range).\n",
+            s.reps
+        );
+        let _ = writeln!(
+            out,
+            "| upstream | transfer | direct | via sidecar | ratio | target ≥ {:.0} % |",
+            TARGET_THROUGHPUT_RATIO * 100.0
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|");
+        for f in &self.streams {
+            let (d, v) = (median(&f.direct), median(&f.via));
+            let range = |values: &[f64]| {
+                let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = values.iter().copied().fold(0.0, f64::max);
+                if values.len() > 1 {
+                    format!(" ({lo:.0}–{hi:.0})")
+                } else {
+                    String::new()
+                }
+            };
+            let r = ratio(v, d);
+            let _ = writeln!(
+                out,
+                "| {} | {} {} MiB | {d:.0} MiB/s{} | {v:.0} MiB/s{} | {:.1} % | {} |",
+                f.upstream,
+                f.direction.as_str(),
+                f.size / MIB,
+                range(&f.direct),
+                range(&f.via),
+                r * 100.0,
+                verdict(r >= TARGET_THROUGHPUT_RATIO),
+            );
+        }
+
+        if let Some(m) = &self.memory {
+            let _ = writeln!(
+                out,
+                "\n### Sidecar memory under {} concurrent streams\n\nA fresh sidecar in front of the in-process upstream: idle RSS after start, then {} concurrent downloads, then {} concurrent uploads, {} MiB each, one connection per stream. Peak RSS is `VmHWM` (peak since start) read after each batch; the direct run of each batch goes first, for the throughput baseline.\n",
+                s.streams,
+                s.streams,
+                s.streams,
+                s.stream_size / MIB
+            );
+            let _ = writeln!(
+                out,
+                "| batch | direct aggregate | via sidecar aggregate | ratio | sidecar peak RSS | vs idle RSS ({}) | target ≤ {} |",
+                mib(m.idle_rss_kib),
+                mib(TARGET_PEAK_RSS_KIB)
+            );
+            let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+            for row in &m.rows {
+                let _ = writeln!(
+                    out,
+                    "| {} × {} | {:.0} MiB/s | {:.0} MiB/s | {:.1} % | {} | {:.2}× | {} |",
+                    s.streams,
+                    row.direction.as_str(),
+                    row.direct,
+                    row.via,
+                    ratio(row.via, row.direct) * 100.0,
+                    mib(row.hwm_after_kib),
+                    ratio(row.hwm_after_kib as f64, m.idle_rss_kib as f64),
+                    verdict(row.hwm_after_kib <= TARGET_PEAK_RSS_KIB),
+                );
+            }
+        }
+        if let Some(hwm) = self.main_sidecar_hwm_kib {
+            let _ = writeln!(
+                out,
+                "\nPeak RSS of the sidecar that served the latency and single-stream runs (in-process upstream): {}.",
+                mib(hwm)
+            );
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "\nNote: {note}");
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Result<Report> {
+    let started = Instant::now();
+    let client = new_client();
+    let chunk = pattern_chunk();
+    let mut report = Report {
+        settings,
+        date: command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "?".into()),
+        commit: {
+            let head = command_output("git", &["rev-parse", "--short", "HEAD"])
+                .unwrap_or_else(|| "?".into());
+            let dirty = command_output("git", &["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{head} (with uncommitted changes)")
+            } else {
+                head
+            }
+        },
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_before: loadavg(),
+        load_after: String::new(),
+        elapsed: Duration::ZERO,
+        metadata: Vec::new(),
+        streams: Vec::new(),
+        memory: None,
+        main_sidecar_hwm_kib: None,
+        notes: Vec::new(),
+    };
+    eprintln!("sidecar binary: {SIDECAR_BIN}");
+
+    // In-process upstream.
+    let upstream = start_in_process_upstream(&settings, &chunk)?;
+    let (mut sidecar, sidecar_addr) = start_sidecar(&client, upstream, dir, "in-process").await?;
+    let direct = Endpoint {
+        label: "direct",
+        addr: upstream,
+        bucket: PHYSICAL,
+    };
+    let via = Endpoint {
+        label: "sidecar",
+        addr: sidecar_addr,
+        bucket: LOGICAL,
+    };
+    report
+        .metadata
+        .push(metadata_phase(&settings, &client, "in-process", &direct, &via).await?);
+    report.streams.extend(
+        streaming_phase(
+            &settings,
+            &client,
+            "in-process",
+            settings.big,
+            &direct,
+            &via,
+            &chunk,
+        )
+        .await?,
+    );
+    sidecar.check_running()?;
+    report.main_sidecar_hwm_kib = Some(memory_kib(sidecar.pid())?.1);
+    drop(sidecar);
+
+    // fake-gcs-server.
+    match fake_bin {
+        Ok(bin) => {
+            let (mut fake, fake_addr) = start_fake_gcs(&client, &bin, dir).await?;
+            let (mut sidecar, sidecar_addr) =
+                start_sidecar(&client, fake_addr, dir, "fake-gcs").await?;
+            let direct = Endpoint {
+                label: "direct",
+                addr: fake_addr,
+                bucket: PHYSICAL,
+            };
+            let via = Endpoint {
+                label: "sidecar",
+                addr: sidecar_addr,
+                bucket: LOGICAL,
+            };
+            report
+                .metadata
+                .push(metadata_phase(&settings, &client, "fake-gcs-server", &direct, &via).await?);
+            report.streams.extend(
+                streaming_phase(
+                    &settings,
+                    &client,
+                    "fake-gcs-server",
+                    settings.fake_big,
+                    &direct,
+                    &via,
+                    &chunk,
+                )
+                .await?,
+            );
+            sidecar.check_running()?;
+            fake.check_running()?;
+        }
+        Err(e) => report.notes.push(format!(
+            "fake-gcs-server unavailable, its figures are missing: {e:#}"
+        )),
+    }
+
+    // Memory under concurrent streams.
+    report.memory = Some(memory_phase(&settings, &client, upstream, dir, &chunk).await?);
+
+    report.load_after = loadavg();
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+fn main() -> std::process::ExitCode {
+    // `cargo bench` passes `--bench`; this harness takes no arguments.
+    let settings = Settings::from_env();
+    let fake_bin = fake_gcs_server_bin();
+    let dir = match tempfile::Builder::new()
+        .prefix("bucketmap-bench-")
+        .tempdir()
+    {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("bench: cannot create a temporary directory: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("bench runtime");
+    match runtime.block_on(run(settings, fake_bin, dir.path())) {
+        Ok(report) => {
+            println!("{}", report.render());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench failed: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! `POST /batch/storage/v1`: a `multipart/mixed` body of nested JSON API
+//! requests, answered by a `multipart/mixed` body of nested responses.
+//!
+//! Each nested request is routed and translated like a top-level one. A part
+//! naming a bucket it may not use is answered locally (its nested response
+//! is a GCS-style error) while the others go upstream; the responses are put
+//! back in the original order.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Method, Response, StatusCode, Uri};
+
+use crate::body::{ProxyBody, full};
+use crate::errors::ApiError;
+use crate::multipart::{boundary, find_header, part_headers, split};
+use crate::rewrite::json::rewrite_json_bytes;
+use crate::rewrite::{Translator, request_bucket};
+use crate::route::{Api, RequestBody, Resource, ResponseBody, replace_slots, route};
+
+/// GCS accepts at most this many parts per batch.
+pub const MAX_PARTS: usize = 100;
+
+const MAX_NESTED_HEADERS: usize = 64;
+
+/// A translated batch: the body to send upstream, and how to put the answer together.
+#[derive(Debug)]
+pub struct Plan {
+    /// `None` when every part was answered locally.
+    pub upstream_body: Option<Vec<u8>>,
+    boundary: String,
+    entries: Vec<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    content_id: Option<String>,
+    hint: Resource,
+    local: Option<ApiError>,
+}
+
+/// Translates a batch request.
+pub fn prepare(body: &[u8], content_type: &str, tr: &Translator<'_>) -> Result<Plan, ApiError> {
+    let boundary = boundary(content_type).ok_or_else(|| {
+        ApiError::bad_request("a batch request must be multipart/mixed with a boundary")
+    })?;
+    let parts = split(body, &boundary)
+        .ok_or_else(|| ApiError::bad_request("the batch body has no parts"))?;
+    if parts.len() > MAX_PARTS {
+        return Err(ApiError::bad_request(format!(
+            "a batch request may hold at most {MAX_PARTS} parts; this one has {}",
+            parts.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(body.len() + 256);
+    let mut entries = Vec::with_capacity(parts.len());
+    for part in parts {
+        let (headers, payload) = part_headers(part);
+        let content_id = find_header(&headers, "Content-ID")
+            .map(|id| id.trim_matches(|c| c == '<' || c == '>').to_owned());
+        match translate_request(payload, tr) {
+            Ok((nested, hint)) => {
+                out.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+                for (name, value) in &headers {
+                    out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+                }
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(&nested);
+                out.extend_from_slice(b"\r\n");
+                entries.push(Entry {
+                    content_id,
+                    hint,
+                    local: None,
+                });
+            }
+            Err(error) => entries.push(Entry {
+                content_id,
+                hint: Resource::Generic,
+                local: Some(error),
+            }),
+        }
+    }
+    out.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    let forwarded = entries.iter().any(|e| e.local.is_none());
+    Ok(Plan {
+        upstream_body: forwarded.then_some(out),
+        boundary,
+        entries,
+    })
+}
+
+/// One nested request, translated; with the resource its response holds.
+fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Resource), ApiError> {
+    let mut header_buf = [httparse::EMPTY_HEADER; MAX_NESTED_HEADERS];
+    let mut parsed = httparse::Request::new(&mut header_buf);
+    let head_len = match parsed.parse(payload) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            return Err(ApiError::bad_request(
+                "a batch part holds an incomplete HTTP request",
+            ));
+        }
+        Err(e) => {
+            return Err(ApiError::bad_request(format!(
+                "a batch part holds a malformed HTTP request: {e}"
+            )));
+        }
+    };
+    let method_text = parsed.method.unwrap_or("GET");
+    let method = Method::from_bytes(method_text.as_bytes())
+        .map_err(|_| ApiError::bad_request("bad method in a batch part"))?;
+    let target = parsed.path.unwrap_or("/");
+    let uri: Uri = target
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("bad URL in a batch part: {target:?}")))?;
+    let path = uri.path();
+    let query = uri.query();
+    let routed = route(&method, path, query, None)
+        .map_err(|e| ApiError::bad_request(format!("batch part: {e}")))?;
+    if routed.api != Api::Json {
+        return Err(ApiError::bad_request(format!(
+            "batch parts must be JSON API requests (/storage/v1/…), not {path:?}"
+        )));
+    }
+    let physical: Vec<String> = routed
+        .buckets
+        .iter()
+        .map(|slot| request_bucket(tr.mapping, tr.allow_physical, &slot.name))
+        .collect::<Result<_, _>>()?;
+    let names: Vec<&str> = physical.iter().map(String::as_str).collect();
+    let new_path = replace_slots(path, &routed.buckets, &names);
+
+    let mut body = &payload[head_len..];
+    let declared = parsed
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(h.value).ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if let Some(length) = declared
+        && length <= body.len()
+    {
+        body = &body[..length];
+    }
+    let rewritten = match routed.request_body {
+        RequestBody::Json(hint) => rewrite_json_bytes(body, hint, tr)?,
+        _ => None,
+    };
+    let body = rewritten.as_deref().unwrap_or(body);
+
+    let mut out = Vec::with_capacity(payload.len() + 64);
+    out.extend_from_slice(method_text.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(new_path.as_bytes());
+    if let Some(query) = query {
+        out.push(b'?');
+        out.extend_from_slice(query.as_bytes());
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for h in parsed.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("host") {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !body.is_empty() || declared.is_some() {
+        out.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    let hint = match routed.response_body {
+        ResponseBody::Json(hint) => hint,
+        _ => Resource::Generic,
+    };
+    Ok((out, hint))
+}
+
+/// Translates the upstream's batch response and merges in the parts answered
+/// locally. `None` if the response cannot be parsed (it is then forwarded as is).
+pub fn translate_response(
+    body: &[u8],
+    content_type: &str,
+    plan: &Plan,
+    tr: &Translator<'_>,
+) -> Option<Vec<u8>> {
+    let boundary = boundary(content_type)?;
+    let parts = split(body, &boundary)?;
+    let mut by_id: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut in_order: Vec<Vec<u8>> = Vec::new();
+    let forwarded: Vec<&Entry> = plan.entries.iter().filter(|e| e.local.is_none()).collect();
+    for (index, part) in parts.into_iter().enumerate() {
+        let (headers, payload) = part_headers(part);
+        let id = find_header(&headers, "Content-ID")
+            .map(|id| id.trim_matches(|c| c == '<' || c == '>'))
+            .map(|id| id.strip_prefix("response-").unwrap_or(id).to_owned());
+        let entry = id
+            .as_deref()
+            .and_then(|id| {
+                forwarded
+                    .iter()
+                    .find(|e| e.content_id.as_deref() == Some(id))
+            })
+            .or_else(|| forwarded.get(index));
+        let hint = entry.map_or(Resource::Generic, |e| e.hint);
+        let nested =
+            translate_nested_response(payload, hint, tr).unwrap_or_else(|| payload.to_vec());
+        let mut rendered = Vec::with_capacity(nested.len() + 128);
+        for (name, value) in &headers {
+            rendered.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        rendered.extend_from_slice(b"\r\n");
+        rendered.extend_from_slice(&nested);
+        match id {
+            Some(id)
+                if forwarded
+                    .iter()
+                    .any(|e| e.content_id.as_deref() == Some(id.as_str())) =>
+            {
+                by_id.insert(id, rendered);
+            }
+            _ => in_order.push(rendered),
+        }
+    }
+    let mut in_order = in_order.into_iter();
+    let mut out = Vec::with_capacity(body.len() + 256);
+    for entry in &plan.entries {
+        let rendered = match (&entry.local, &entry.content_id) {
+            (Some(error), _) => Some(local_part(entry.content_id.as_deref(), error)),
+            (None, Some(id)) => by_id.remove(id).or_else(|| in_order.next()),
+            (None, None) => in_order.next(),
+        };
+        if let Some(rendered) = rendered {
+            out.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+            out.extend_from_slice(&rendered);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    for rendered in in_order.chain(by_id.into_values()) {
+        out.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+        out.extend_from_slice(&rendered);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    Some(out)
+}
+
+fn translate_nested_response(
+    payload: &[u8],
+    hint: Resource,
+    tr: &Translator<'_>,
+) -> Option<Vec<u8>> {
+    let mut header_buf = [httparse::EMPTY_HEADER; MAX_NESTED_HEADERS];
+    let mut parsed = httparse::Response::new(&mut header_buf);
+    let head_len = match parsed.parse(payload) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return None,
+    };
+    let body = &payload[head_len..];
+    let is_json = parsed.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("content-type")
+            && String::from_utf8_lossy(h.value)
+                .to_ascii_lowercase()
+                .contains("json")
+    });
+    let declared = parsed
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(h.value).ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let body = match declared {
+        Some(length) if length <= body.len() => &body[..length],
+        _ => body,
+    };
+    let new_body = if is_json {
+        rewrite_json_bytes(body, hint, tr).ok().flatten()
+    } else {
+        None
+    };
+    let body = new_body.as_deref().unwrap_or(body);
+    let mut out = Vec::with_capacity(payload.len() + 32);
+    let code = parsed.code.unwrap_or(200);
+    let reason = parsed.reason.unwrap_or("");
+    out.extend_from_slice(format!("HTTP/1.1 {code} {reason}\r\n").as_bytes());
+    for h in parsed.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+    out.extend_from_slice(body);
+    Some(out)
+}
+
+/// A part (headers, blank line, nested response) holding a local error.
+fn local_part(content_id: Option<&str>, error: &ApiError) -> Vec<u8> {
+    let json = error.json_body();
+    let mut out = String::from("Content-Type: application/http\r\n");
+    if let Some(id) = content_id {
+        out.push_str(&format!("Content-ID: <response-{id}>\r\n"));
+    }
+    out.push_str(&format!(
+        "\r\nHTTP/1.1 {} {}\r\nContent-Type: application/json; charset=UTF-8\r\nContent-Length: {}\r\n\r\n{json}",
+        error.status.as_u16(),
+        error.status.canonical_reason().unwrap_or(""),
+        json.len()
+    ));
+    out.into_bytes()
+}
+
+/// The answer to a batch whose every part was refused.
+pub fn local_response(plan: &Plan) -> Response<ProxyBody> {
+    let mut body = Vec::new();
+    for entry in &plan.entries {
+        if let Some(error) = &entry.local {
+            body.extend_from_slice(format!("--{}\r\n", plan.boundary).as_bytes());
+            body.extend_from_slice(&local_part(entry.content_id.as_deref(), error));
+            body.extend_from_slice(b"\r\n");
+        }
+    }
+    body.extend_from_slice(format!("--{}--\r\n", plan.boundary).as_bytes());
+    let mut response = Response::new(full(Bytes::from(body)));
+    *response.status_mut() = StatusCode::OK;
+    if let Ok(value) =
+        HeaderValue::from_str(&format!("multipart/mixed; boundary={}", plan.boundary))
+    {
+        response.headers_mut().insert(CONTENT_TYPE, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rewrite::testing::*;
+    use crate::rewrite::{Direction, LinkBase};
+
+    fn translator<'a>(
+        m: &'a crate::mapping::Mapping,
+        links: &'a LinkBase,
+        direction: Direction,
+    ) -> Translator<'a> {
+        Translator {
+            mapping: m,
+            direction,
+            allow_physical: false,
+            links,
+        }
+    }
+
+    /// What the Python client sends: LF line ends, absolute URLs.
+    const PYTHON_BATCH: &str = "--===1==\nContent-Type: application/http\nContent-Transfer-Encoding: binary\nContent-ID: <a+1>\n\n\
+        PATCH http://127.0.0.1:9023/storage/v1/b/photos/o/photos%2Fx?projection=full HTTP/1.1\nContent-Type: application/json\nContent-Length: 40\n\n\
+        {\"metadata\":{\"k\":\"v\"},\"bucket\":\"photos\"}\n\
+        --===1==\nContent-Type: application/http\nContent-ID: <a+2>\n\n\
+        DELETE /storage/v1/b/unmapped/o/y HTTP/1.1\n\n\n\
+        --===1==\nContent-Type: application/http\nContent-ID: <a+3>\n\n\
+        GET /storage/v1/b/logs/o/z HTTP/1.1\n\n\n\
+        --===1==--";
+
+    #[test]
+    fn translates_parts_and_answers_refused_ones_locally() {
+        let m = mapping();
+        let up = upstream_base();
+        let plan = prepare(
+            PYTHON_BATCH.as_bytes(),
+            "multipart/mixed; boundary=\"===1==\"",
+            &translator(&m, &up, Direction::ToPhysical),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let upstream =
+            String::from_utf8(plan.upstream_body.clone().unwrap_or_default()).unwrap_or_default();
+        assert!(
+            upstream.contains(
+                "PATCH /storage/v1/b/photos-k3x9q2mw/o/photos%2Fx?projection=full HTTP/1.1\r\n"
+            ),
+            "{upstream}"
+        );
+        assert!(
+            upstream.contains("\"bucket\":\"photos-k3x9q2mw\""),
+            "{upstream}"
+        );
+        assert!(
+            upstream.contains("GET /storage/v1/b/logs-aaaa1111/o/z HTTP/1.1\r\n"),
+            "{upstream}"
+        );
+        assert!(!upstream.contains("unmapped"), "{upstream}");
+        assert!(!upstream.contains("Content-ID: <a+2>"), "{upstream}");
+
+        let response = "--resp\r\nContent-Type: application/http\r\nContent-ID: <response-a+3>\r\n\r\n\
+            HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n\r\n{\"error\":{\"code\":404,\"message\":\"No such object: logs-aaaa1111/z\"}}\r\n\
+            --resp\r\nContent-Type: application/http\r\nContent-ID: <response-a+1>\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\nContent-Length: 63\r\n\r\n\
+            {\"kind\":\"storage#object\",\"bucket\":\"photos-k3x9q2mw\",\"name\":\"x\"}\r\n--resp--\r\n";
+        let sc = sidecar_base();
+        let out = translate_response(
+            response.as_bytes(),
+            "multipart/mixed; boundary=resp",
+            &plan,
+            &translator(&m, &sc, Direction::ToLogical),
+        )
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+        let first = out.find("response-a+1").unwrap_or(usize::MAX);
+        let second = out.find("response-a+2").unwrap_or(usize::MAX);
+        let third = out.find("response-a+3").unwrap_or(usize::MAX);
+        assert!(
+            first < second && second < third,
+            "parts in request order: {out}"
+        );
+        assert!(out.contains("\"bucket\":\"photos\""), "{out}");
+        assert!(out.contains("No such object: logs/z"), "{out}");
+        assert!(
+            out.contains("HTTP/1.1 404 Not Found\r\nContent-Type: application/json; charset=UTF-8"),
+            "{out}"
+        );
+        assert!(out.contains("not known to bucketmap-sidecar"), "{out}");
+        assert!(
+            !out.contains("k3x9q2mw") && !out.contains("aaaa1111"),
+            "{out}"
+        );
+        assert!(out.ends_with("--resp--\r\n"), "{out}");
+    }
+
+    #[test]
+    fn refuses_oversized_and_non_multipart_batches() {
+        let m = mapping();
+        let up = upstream_base();
+        let tr = translator(&m, &up, Direction::ToPhysical);
+        let mut big = String::new();
+        for i in 0..101 {
+            big.push_str(&format!(
+                "--b\r\nContent-ID: <{i}>\r\n\r\nGET /storage/v1/b/photos HTTP/1.1\r\n\r\n\r\n"
+            ));
+        }
+        big.push_str("--b--");
+        assert_eq!(
+            prepare(big.as_bytes(), "multipart/mixed; boundary=b", &tr)
+                .map(|_| ())
+                .map_err(|e| e.status.as_u16()),
+            Err(400)
+        );
+        assert_eq!(
+            prepare(b"{}", "application/json", &tr)
+                .map(|_| ())
+                .map_err(|e| e.status.as_u16()),
+            Err(400)
+        );
+    }
+
+    #[test]
+    fn all_refused_is_answered_locally() {
+        let m = mapping();
+        let up = upstream_base();
+        let body = "--b\r\nContent-ID: <x>\r\n\r\nGET /storage/v1/b/nope HTTP/1.1\r\n\r\n\r\n--b--";
+        let plan = prepare(
+            body.as_bytes(),
+            "multipart/mixed; boundary=b",
+            &translator(&m, &up, Direction::ToPhysical),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(plan.upstream_body.is_none());
+        let response = local_response(&plan);
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+}

@@ -1,0 +1,135 @@
+//! Body types used on both sides of the proxy: a boxed streaming body, small
+//! constructors, capped collection for metadata bodies and a byte counter.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
+use prometheus_client::metrics::counter::Counter;
+
+/// Error type carried by proxied bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type of every request sent upstream and every response sent to the app.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// A body holding `bytes`.
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An empty body.
+pub fn empty() -> ProxyBody {
+    Empty::new().map_err(|never| match never {}).boxed()
+}
+
+/// Boxes any body whose error converts into [`BoxError`].
+pub fn boxed<B>(body: B) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed()
+}
+
+/// Why a metadata body could not be collected.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("body larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("cannot read body: {0}")]
+    Body(BoxError),
+}
+
+/// Reads a whole body into memory, failing once it exceeds `limit` bytes.
+pub async fn collect_capped<B>(mut body: B, limit: usize) -> Result<Bytes, CollectError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Err(CollectError::TooLarge { limit });
+    }
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| CollectError::Body(e.into()))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(CollectError::TooLarge { limit });
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+pin_project_lite::pin_project! {
+    /// Counts the data bytes flowing through a body.
+    pub struct Counted<B> {
+        #[pin]
+        inner: B,
+        counter: Counter,
+    }
+}
+
+impl<B> Counted<B> {
+    pub fn new(inner: B, counter: Counter) -> Self {
+        Self { inner, counter }
+    }
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            this.counter.inc_by(data.len() as u64);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn collect_capped_enforces_the_limit() {
+        let ok = collect_capped(full("hello"), 5).await;
+        assert_eq!(ok.ok(), Some(Bytes::from("hello")));
+        let too_big = collect_capped(full("hello!"), 5).await;
+        assert!(matches!(too_big, Err(CollectError::TooLarge { limit: 5 })));
+    }
+
+    #[tokio::test]
+    async fn counted_counts_data_bytes() {
+        let counter = Counter::default();
+        let body = Counted::new(full("abcdef"), counter.clone());
+        let bytes = body.collect().await.map(|c| c.to_bytes()).ok();
+        assert_eq!(bytes, Some(Bytes::from("abcdef")));
+        assert_eq!(counter.get(), 6);
+    }
+}

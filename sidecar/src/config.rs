@@ -1,0 +1,240 @@
+//! Command line of `bucketmap-sidecar`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use http::Uri;
+
+use crate::names::is_valid_bucket_name;
+
+/// Prefix under which the main listener serves the sidecar's own endpoints
+/// (`/_bucketmap/healthz`, `/_bucketmap/readyz`, `/_bucketmap/metrics`). A
+/// bucket name cannot start with `_`, so no path-style XML API request and no
+/// JSON API path can collide with it; on virtual-hosted requests
+/// (`Host: bucket.…`) the prefix is not special, it is an object name there.
+pub const INTERNAL_PREFIX: &str = "/_bucketmap/";
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Lets unmodified Google Cloud Storage clients use logical bucket names.
+///
+/// Point the application at the sidecar (for example
+/// STORAGE_EMULATOR_HOST=http://127.0.0.1:9023). Requests naming a logical
+/// bucket ("photos") are forwarded to the upstream with the physical name
+/// ("photos-k3x9q2mw"); responses name the logical bucket again.
+///
+/// Besides the GCS APIs (JSON, upload, download, batch and XML API, path and
+/// virtual-hosted style), the listener serves /_bucketmap/healthz,
+/// /_bucketmap/readyz and /_bucketmap/metrics (the "_" prefix cannot be a
+/// bucket name, so it never collides with a GCS path). --metrics-addr serves
+/// /metrics, /healthz and /readyz on a separate listener. readyz answers 200
+/// once a mapping with at least one entry is loaded. SIGTERM stops accepting
+/// connections and drains requests in flight. Logs go to stderr; the level is
+/// set with RUST_LOG (default "info").
+#[derive(Clone, Debug, Parser)]
+#[command(name = "bucketmap-sidecar", version, about, long_about)]
+pub struct Config {
+    /// Address the proxy listens on.
+    #[arg(long, default_value = "127.0.0.1:9023", value_name = "ADDR")]
+    pub listen: SocketAddr,
+
+    /// Base URL of the GCS endpoint to forward to (http:// for emulators such as fake-gcs-server).
+    #[arg(long, default_value = "https://storage.googleapis.com", value_name = "URL", value_parser = parse_upstream)]
+    pub upstream: Uri,
+
+    /// Directory holding the mapping as a mounted ConfigMap: one file per
+    /// logical name whose content is the physical name (whitespace trimmed);
+    /// entries starting with "." are ignored. Reloaded on change.
+    #[arg(long, value_name = "DIR")]
+    pub mapping_dir: Option<PathBuf>,
+
+    /// A static mapping entry LOGICAL=PHYSICAL; repeatable. Combined with
+    /// --mapping-dir, these entries win over the directory's.
+    #[arg(long = "map", value_name = "LOGICAL=PHYSICAL", value_parser = parse_map_entry)]
+    pub maps: Vec<(String, String)>,
+
+    /// How often the mapping directory is re-read, in addition to file-change notifications.
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub mapping_poll_interval: Duration,
+
+    /// Forward requests without adding Application Default Credentials (for emulators).
+    #[arg(long)]
+    pub no_auth: bool,
+
+    /// Accept physical bucket names in requests (by default they are refused with 403
+    /// so that applications cannot depend on one environment's names).
+    #[arg(long)]
+    pub allow_physical_names: bool,
+
+    /// Largest metadata body (JSON, XML, batch, the metadata part of a multipart
+    /// upload) the sidecar reads into memory; larger ones get 413. Object data is
+    /// always streamed and not limited.
+    #[arg(long, default_value_t = 8 * 1024 * 1024, value_name = "BYTES")]
+    pub max_metadata_bytes: usize,
+
+    /// Optional separate listener for /metrics, /healthz and /readyz.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Timeout for connecting to the upstream.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// Time a client has to send its request headers.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Time the upstream has to answer with response headers once the request
+    /// is sent, including the request body upload; 0 disables it (the default,
+    /// as uploading a large object may take long).
+    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub upstream_timeout: Duration,
+
+    /// How long idle upstream connections are kept in the pool.
+    #[arg(long, default_value = "90s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub pool_idle_timeout: Duration,
+
+    /// On SIGTERM or SIGINT, how long in-flight requests may take to finish before exit.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Requests served at once; more wait. Bounds memory, as each may hold a
+    /// metadata body of up to --max-metadata-bytes.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_concurrent_requests: usize,
+
+    /// Largest request head (request line and headers) accepted from a client.
+    #[arg(long, default_value_t = 64 * 1024, value_name = "BYTES")]
+    pub max_header_bytes: usize,
+}
+
+impl Config {
+    /// Checks what clap cannot check on its own.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.mapping_dir.is_none() && self.maps.is_empty() {
+            return Err(
+                "give the mapping with --mapping-dir DIR and/or --map LOGICAL=PHYSICAL".into(),
+            );
+        }
+        if self.mapping_poll_interval.is_zero() {
+            return Err("--mapping-poll-interval must be more than 0".into());
+        }
+        if self.max_concurrent_requests == 0 {
+            return Err("--max-concurrent-requests must be at least 1".into());
+        }
+        if self.max_header_bytes < 8192 {
+            return Err("--max-header-bytes must be at least 8192".into());
+        }
+        Ok(())
+    }
+}
+
+fn parse_upstream(raw: &str) -> Result<Uri, String> {
+    let uri: Uri = raw
+        .parse()
+        .map_err(|e| format!("invalid URL {raw:?}: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => {
+            return Err(format!(
+                "upstream {raw:?} must start with http:// or https://"
+            ));
+        }
+    }
+    if uri.authority().is_none() {
+        return Err(format!("upstream {raw:?} has no host"));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!("upstream {raw:?} must not have a path or query"));
+    }
+    Ok(uri)
+}
+
+fn parse_map_entry(raw: &str) -> Result<(String, String), String> {
+    let (logical, physical) = raw
+        .split_once('=')
+        .ok_or_else(|| format!("{raw:?} is not LOGICAL=PHYSICAL"))?;
+    let (logical, physical) = (logical.trim(), physical.trim());
+    for name in [logical, physical] {
+        if !is_valid_bucket_name(name) {
+            return Err(format!("{name:?} in {raw:?} is not a valid bucket name"));
+        }
+    }
+    Ok((logical.to_owned(), physical.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("bucketmap-sidecar").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Config::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let cfg = parse(&["--map", "photos=photos-k3x9q2mw"]).expect("parses");
+        assert_eq!(cfg.listen.to_string(), "127.0.0.1:9023");
+        assert_eq!(cfg.upstream.to_string(), "https://storage.googleapis.com/");
+        assert_eq!(
+            cfg.maps,
+            vec![("photos".to_owned(), "photos-k3x9q2mw".to_owned())]
+        );
+        assert_eq!(cfg.mapping_poll_interval, Duration::from_secs(2));
+        assert_eq!(cfg.max_metadata_bytes, 8 * 1024 * 1024);
+        assert!(cfg.validate().is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(parse(&["--map", "photos"]).is_err());
+        assert!(parse(&["--map", "Photos=x-y-z"]).is_err());
+        assert!(parse(&["--upstream", "ftp://x"]).is_err());
+        assert!(parse(&["--upstream", "http://x/storage"]).is_err());
+        let no_mapping = parse(&[]).expect("parses");
+        assert!(no_mapping.validate().is_err());
+    }
+
+    #[test]
+    fn help_documents_every_flag() {
+        let help = Config::command().render_long_help().to_string();
+        for flag in [
+            "--listen",
+            "--upstream",
+            "--mapping-dir",
+            "--map",
+            "--mapping-poll-interval",
+            "--no-auth",
+            "--allow-physical-names",
+            "--max-metadata-bytes",
+            "--metrics-addr",
+            "--log-format",
+            "--connect-timeout",
+            "--header-read-timeout",
+            "--upstream-timeout",
+            "--drain-timeout",
+            "--pool-idle-timeout",
+            "--max-header-bytes",
+            "/_bucketmap/readyz",
+        ] {
+            assert!(help.contains(flag), "help lacks {flag}");
+        }
+    }
+}

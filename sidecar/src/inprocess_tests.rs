@@ -1,0 +1,1263 @@
+//! In-process tests: the proxy on loopback in front of a tiny hyper upstream,
+//! driven by a hyper client. They prove streaming (bodies that only complete
+//! if the proxy forwards them piece by piece, and bounded memory for
+//! 256 MiB each way), map reloads with requests in flight, graceful drain,
+//! and that refused requests are answered locally with nothing forwarded.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::SinkExt;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::auth::Auth;
+use crate::body::{BoxError, ProxyBody, empty, full};
+use crate::mapping::{Mapping, MappingStore};
+use crate::metrics::Metrics;
+use crate::proxy::{Proxy, ProxySettings, build_client};
+use crate::server::{ServerSettings, serve};
+
+const PHYSICAL: &str = "photos-k3x9q2mw";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// What the upstream saw of one request.
+#[derive(Clone, Debug)]
+struct Seen {
+    target: String,
+    headers: http::HeaderMap,
+}
+
+/// A loopback HTTP server standing in for GCS.
+struct Upstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    _stop: watch::Sender<bool>,
+}
+
+impl Upstream {
+    async fn start(handler: Handler) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (stop, stopped) = watch::channel(false);
+        let record = seen.clone();
+        let serve_fn = move |req: Request<Incoming>| {
+            let target = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            record.lock().expect("lock").push(Seen {
+                target,
+                headers: req.headers().clone(),
+            });
+            handler(req)
+        };
+        tokio::spawn(serve(listener, settings(), serve_fn, stopped));
+        Self {
+            addr,
+            seen,
+            _stop: stop,
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("lock").clone()
+    }
+
+    fn url(&self) -> http::Uri {
+        format!("http://{}", self.addr).parse().expect("uri")
+    }
+}
+
+fn settings() -> ServerSettings {
+    ServerSettings {
+        header_read_timeout: Duration::from_secs(10),
+        max_header_bytes: 64 * 1024,
+        drain_timeout: Duration::from_secs(10),
+        max_concurrent_requests: 64,
+    }
+}
+
+/// The proxy under test.
+struct Sidecar {
+    addr: SocketAddr,
+    store: Arc<MappingStore>,
+    proxy: Arc<Proxy>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+struct Options {
+    allow_physical: bool,
+    max_metadata_bytes: usize,
+    auth: Auth,
+    mapping: Option<Mapping>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            allow_physical: false,
+            max_metadata_bytes: 1024 * 1024,
+            auth: Auth::None,
+            mapping: Some(mapping(PHYSICAL)),
+        }
+    }
+}
+
+fn mapping(physical: &str) -> Mapping {
+    Mapping::new([
+        ("photos".to_owned(), physical.to_owned()),
+        ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+    ])
+    .expect("valid mapping")
+}
+
+impl Sidecar {
+    async fn start(upstream: &Upstream, options: Options) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let store = Arc::new(MappingStore::new(None, Vec::new()));
+        if let Some(m) = options.mapping {
+            store.set(m);
+        }
+        let proxy_settings = ProxySettings {
+            allow_physical_names: options.allow_physical,
+            max_metadata_bytes: options.max_metadata_bytes,
+            upstream_timeout: None,
+            listen: addr,
+        };
+        let client = build_client(Duration::from_secs(5), Duration::from_secs(30)).expect("client");
+        let proxy = Arc::new(
+            Proxy::new(
+                store.clone(),
+                client,
+                &upstream.url(),
+                options.auth,
+                Arc::new(Metrics::new()),
+                proxy_settings,
+            )
+            .expect("proxy"),
+        );
+        let (stop, stopped) = watch::channel(false);
+        let handler_proxy = proxy.clone();
+        let handler = move |req: Request<Incoming>| {
+            let proxy = handler_proxy.clone();
+            async move { proxy.handle(req).await }
+        };
+        let task = tokio::spawn(serve(listener, settings(), handler, stopped));
+        Self {
+            addr,
+            store,
+            proxy,
+            stop,
+            task,
+        }
+    }
+
+    fn url(&self, target: &str) -> String {
+        format!("http://{}{target}", self.addr)
+    }
+}
+
+fn client() -> Client<HttpConnector, ProxyBody> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+async fn send(req: Request<ProxyBody>) -> Answer {
+    let response = tokio::time::timeout(TIMEOUT, client().request(req))
+        .await
+        .expect("no timeout")
+        .expect("response");
+    let (parts, body) = response.into_parts();
+    let body = tokio::time::timeout(TIMEOUT, body.collect())
+        .await
+        .expect("no timeout")
+        .expect("body")
+        .to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+fn request(method: Method, url: &str, body: ProxyBody) -> Request<ProxyBody> {
+    let mut req = Request::new(body);
+    *req.method_mut() = method;
+    *req.uri_mut() = url.parse().expect("url");
+    req
+}
+
+fn json_response(status: StatusCode, value: Value) -> Response<ProxyBody> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=UTF-8"),
+    );
+    response
+}
+
+fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    Arc::new(move |req| Box::pin(f(req)))
+}
+
+/// An object resource as GCS returns it, for `bucket`/`name`.
+fn object(base: &str, bucket: &str, name_encoded: &str, name: &str) -> Value {
+    json!({
+        "kind": "storage#object",
+        "id": format!("{bucket}/{name}/1"),
+        "bucket": bucket,
+        "name": name,
+        "selfLink": format!("{base}/storage/v1/b/{bucket}/o/{name_encoded}"),
+        "mediaLink": format!("{base}/download/storage/v1/b/{bucket}/o/{name_encoded}?generation=1&alt=media"),
+        "generation": "1",
+    })
+}
+
+fn echo_object_handler() -> Handler {
+    handler(|req: Request<Incoming>| async move {
+        let path = req.uri().path().to_owned();
+        let parts: Vec<&str> = path.split('/').collect();
+        // /storage/v1/b/{bucket}/o/{object}
+        let bucket = parts.get(4).copied().unwrap_or_default();
+        let name_encoded = parts.get(6).copied().unwrap_or_default();
+        let name = percent_encoding::percent_decode_str(name_encoded)
+            .decode_utf8_lossy()
+            .into_owned();
+        json_response(
+            StatusCode::OK,
+            object(
+                "https://storage.googleapis.com",
+                bucket,
+                name_encoded,
+                &name,
+            ),
+        )
+    })
+}
+
+#[tokio::test]
+async fn json_metadata_is_translated_both_ways() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let target = "/storage/v1/b/photos/o/photos-k3x9q2mw%2Fphotos%2Fa%20b.jpg?projection=full";
+    let answer = send(request(Method::GET, &sidecar.url(target), empty())).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = upstream.seen();
+    assert_eq!(
+        seen[0].target,
+        "/storage/v1/b/photos-k3x9q2mw/o/photos-k3x9q2mw%2Fphotos%2Fa%20b.jpg?projection=full"
+    );
+    let doc = answer.json();
+    assert_eq!(doc["bucket"], "photos");
+    assert_eq!(
+        doc["name"], "photos-k3x9q2mw/photos/a b.jpg",
+        "object names are untouched"
+    );
+    assert_eq!(doc["id"], "photos/photos-k3x9q2mw/photos/a b.jpg/1");
+    let base = format!("http://{}", sidecar.addr);
+    assert_eq!(
+        doc["selfLink"],
+        format!("{base}/storage/v1/b/photos/o/photos-k3x9q2mw%2Fphotos%2Fa%20b.jpg")
+    );
+    assert_eq!(
+        doc["mediaLink"],
+        format!(
+            "{base}/download/storage/v1/b/photos/o/photos-k3x9q2mw%2Fphotos%2Fa%20b.jpg?generation=1&alt=media"
+        )
+    );
+    assert_eq!(
+        answer
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()),
+        Some(answer.body.len().to_string()).as_deref()
+    );
+}
+
+#[tokio::test]
+async fn refused_requests_are_answered_locally_and_nothing_is_forwarded() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(
+        &upstream,
+        Options {
+            max_metadata_bytes: 64,
+            ..Options::default()
+        },
+    )
+    .await;
+    /// (method, target, headers, body, status, reason)
+    type Case = (
+        Method,
+        &'static str,
+        Vec<(&'static str, &'static str)>,
+        &'static str,
+        u16,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            Method::GET,
+            "/storage/v1/b/unknown/o",
+            vec![],
+            "",
+            404,
+            "notFound",
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos-k3x9q2mw/o",
+            vec![],
+            "",
+            403,
+            "forbidden",
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/a/copyTo/b/unknown/o/b",
+            vec![],
+            "",
+            404,
+            "notFound",
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o/a%zz",
+            vec![],
+            "",
+            400,
+            "invalid",
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/Photos/o",
+            vec![],
+            "",
+            400,
+            "invalid",
+        ),
+        (
+            Method::GET,
+            "/photos/a?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Signature=00",
+            vec![],
+            "",
+            400,
+            "InvalidArgument",
+        ),
+        (
+            Method::GET,
+            "/photos/a?GoogleAccessId=x&Expires=1&Signature=y",
+            vec![],
+            "",
+            400,
+            "InvalidArgument",
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o",
+            vec![("authorization", "GOOG4-HMAC-SHA256 Credential=x")],
+            "",
+            400,
+            "invalid",
+        ),
+        (
+            Method::GET,
+            "/photos/a",
+            vec![("authorization", "AWS4-HMAC-SHA256 Credential=x")],
+            "",
+            400,
+            "InvalidArgument",
+        ),
+        (Method::GET, "/unknown/a", vec![], "", 404, "NoSuchBucket"),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/x/compose",
+            vec![("content-type", "application/json")],
+            r#"{"destination":{"bucket":"unknown"}}"#,
+            404,
+            "notFound",
+        ),
+        (
+            Method::POST,
+            "/storage/v1/grpc",
+            vec![("content-type", "application/grpc")],
+            "",
+            400,
+            "gRPC",
+        ),
+        (
+            Method::PUT,
+            "/photos/dst",
+            vec![("x-goog-copy-source", "/unknown/src")],
+            "",
+            404,
+            "NoSuchBucket",
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b?project=p",
+            vec![("content-type", "application/json")],
+            r#"{"name":"brand-new"}"#,
+            404,
+            "notFound",
+        ),
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            vec![],
+            r#"{"metadata":{"k":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}"#,
+            413,
+            "payloadTooLarge",
+        ),
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            vec![],
+            r#"{"bucket":"logs-aaaa1111"}"#,
+            403,
+            "forbidden",
+        ),
+    ];
+    for (method, target, headers, body, status, reason) in cases {
+        let mut req = request(method.clone(), &sidecar.url(target), full(body.to_owned()));
+        for (name, value) in headers {
+            req.headers_mut().insert(
+                header::HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let answer = send(req).await;
+        assert_eq!(
+            answer.status.as_u16(),
+            status,
+            "{method} {target}: {}",
+            answer.text()
+        );
+        assert!(
+            answer.text().contains(reason),
+            "{method} {target}: {}",
+            answer.text()
+        );
+        let xml = answer
+            .headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/xml"));
+        assert_eq!(
+            xml,
+            !target.starts_with("/storage"),
+            "{method} {target}: error style"
+        );
+    }
+    assert!(
+        upstream.seen().is_empty(),
+        "nothing forwarded: {:?}",
+        upstream.seen()
+    );
+}
+
+#[tokio::test]
+async fn physical_names_pass_when_allowed() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(
+        &upstream,
+        Options {
+            allow_physical: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let answer = send(request(
+        Method::GET,
+        &sidecar.url("/storage/v1/b/photos-k3x9q2mw/o/x"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        upstream.seen()[0].target,
+        "/storage/v1/b/photos-k3x9q2mw/o/x"
+    );
+}
+
+#[tokio::test]
+async fn not_ready_until_a_mapping_is_loaded() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(
+        &upstream,
+        Options {
+            mapping: None,
+            ..Options::default()
+        },
+    )
+    .await;
+    let ready = send(request(
+        Method::GET,
+        &sidecar.url("/_bucketmap/readyz"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    let answer = send(request(
+        Method::GET,
+        &sidecar.url("/storage/v1/b/photos/o"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    sidecar.store.set(mapping(PHYSICAL));
+    let ready = send(request(
+        Method::GET,
+        &sidecar.url("/_bucketmap/readyz"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(ready.status, StatusCode::OK);
+    let health = send(request(
+        Method::GET,
+        &sidecar.url("/_bucketmap/healthz"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(health.status, StatusCode::OK);
+    let metrics = send(request(
+        Method::GET,
+        &sidecar.url("/_bucketmap/metrics"),
+        empty(),
+    ))
+    .await;
+    assert!(
+        metrics.text().contains("bucketmap_sidecar_requests_total"),
+        "{}",
+        metrics.text()
+    );
+    assert!(upstream.seen().is_empty());
+}
+
+/// A client body fed through a channel, so the test decides when each piece goes.
+fn channel_body() -> (
+    futures::channel::mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
+    ProxyBody,
+) {
+    let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
+    (tx, BodyExt::boxed(StreamBody::new(rx)))
+}
+
+/// Upload: the client sends the second half only after the upstream has
+/// received the first. A proxy that buffers the request body deadlocks.
+async fn upload_interlocked(
+    target: &str,
+    content_type: &str,
+    first: Bytes,
+    second: Bytes,
+) -> (Answer, Vec<u8>) {
+    let received = Arc::new(AtomicUsize::new(0));
+    let (got_first_tx, got_first_rx) = watch::channel(0usize);
+    let got_first_tx = Arc::new(got_first_tx);
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let (count, all_upstream) = (received.clone(), all.clone());
+    let upstream = Upstream::start(handler(move |req: Request<Incoming>| {
+        let (count, notify, all) = (count.clone(), got_first_tx.clone(), all_upstream.clone());
+        async move {
+            let mut body = req.into_body();
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    let total = count.fetch_add(data.len(), Ordering::SeqCst) + data.len();
+                    all.lock().expect("lock").extend_from_slice(&data);
+                    let _ = notify.send(total);
+                }
+            }
+            json_response(
+                StatusCode::OK,
+                object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
+            )
+        }
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let (mut tx, body) = channel_body();
+    let mut req = request(Method::POST, &sidecar.url(target), body);
+    req.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_str(content_type).expect("ct"),
+    );
+    let sent = tokio::spawn(send(req));
+    let first_len = first.len();
+    tx.send(Ok(Frame::data(first))).await.expect("send first");
+    let mut watcher = got_first_rx;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        watcher.wait_for(|n| *n >= first_len.saturating_sub(200)),
+    )
+    .await
+    .expect("the upstream got the first half before the client sent the rest: the proxy streams")
+    .expect("watch");
+    tx.send(Ok(Frame::data(second))).await.expect("send second");
+    drop(tx);
+    let answer = sent.await.expect("join");
+    let data = all.lock().expect("lock").clone();
+    (answer, data)
+}
+
+#[tokio::test]
+async fn media_uploads_stream() {
+    let first = Bytes::from(vec![b'a'; 300_000]);
+    let second = Bytes::from(vec![b'b'; 300_000]);
+    let (answer, data) = upload_interlocked(
+        "/upload/storage/v1/b/photos/o?uploadType=media&name=x",
+        "application/octet-stream",
+        first,
+        second,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.json()["bucket"], "photos");
+    assert_eq!(data.len(), 600_000);
+}
+
+#[tokio::test]
+async fn multipart_uploads_rewrite_the_metadata_and_stream_the_data() {
+    let mut first = b"--BOUNDARY\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{\"name\":\"photos\",\"bucket\":\"photos\"}\r\n--BOUNDARY\r\nContent-Type: application/octet-stream\r\n\r\n".to_vec();
+    first.extend(vec![b'm'; 300_000]);
+    let first_len = first.len();
+    let mut second = vec![b'n'; 300_000];
+    second.extend_from_slice(b"\r\n--BOUNDARY--\r\n");
+    let (answer, data) = upload_interlocked(
+        "/upload/storage/v1/b/photos/o?uploadType=multipart",
+        "multipart/related; boundary=BOUNDARY",
+        Bytes::from(first),
+        Bytes::from(second),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let head = String::from_utf8_lossy(&data[..200]);
+    assert!(head.contains("\"bucket\":\"photos-k3x9q2mw\""), "{head}");
+    assert!(head.contains("\"name\":\"photos\""), "{head}");
+    let delta = PHYSICAL.len() - "photos".len();
+    assert_eq!(
+        data.len(),
+        first_len + 300_000 + "\r\n--BOUNDARY--\r\n".len() + delta
+    );
+    assert!(data.ends_with(b"\r\n--BOUNDARY--\r\n"));
+}
+
+/// Download: the upstream sends the second half only after the client has
+/// received the first. A proxy that buffers the response deadlocks.
+#[tokio::test]
+async fn downloads_stream() {
+    let (client_got_first_tx, client_got_first_rx) = watch::channel(false);
+    let gate = Arc::new(Mutex::new(Some(client_got_first_rx)));
+    let upstream = Upstream::start(handler(move |_req| {
+        let gate = gate.clone();
+        async move {
+            let mut gate = gate.lock().expect("lock").take();
+            let (mut tx, body) = channel_body();
+            tokio::spawn(async move {
+                let _ = tx
+                    .send(Ok(Frame::data(Bytes::from(vec![b'a'; 200_000]))))
+                    .await;
+                if let Some(gate) = gate.as_mut() {
+                    let _ = gate.wait_for(|got| *got).await;
+                }
+                let _ = tx
+                    .send(Ok(Frame::data(Bytes::from(vec![b'b'; 200_000]))))
+                    .await;
+            });
+            let mut response = Response::new(body);
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let req = request(
+        Method::GET,
+        &sidecar.url("/download/storage/v1/b/photos/o/data.json?alt=media"),
+        empty(),
+    );
+    let response = tokio::time::timeout(TIMEOUT, client().request(req))
+        .await
+        .expect("no timeout")
+        .expect("response");
+    let mut body = response.into_body();
+    let mut total = 0usize;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while let Some(frame) = tokio::time::timeout_at(deadline, body.frame())
+        .await
+        .expect("the proxy streams the download")
+    {
+        let frame = frame.expect("frame");
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total >= 200_000 {
+                let _ = client_got_first_tx.send(true);
+            }
+        }
+    }
+    assert_eq!(
+        total, 400_000,
+        "media bodies (even JSON-typed objects) pass untouched"
+    );
+    assert_eq!(
+        upstream.seen()[0].target,
+        "/download/storage/v1/b/photos-k3x9q2mw/o/data.json?alt=media"
+    );
+}
+
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Samples the RSS until dropped; returns the peak growth over the start.
+struct RssProbe {
+    peak: Arc<AtomicU64>,
+    start: u64,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl RssProbe {
+    fn start() -> Self {
+        let start = rss_bytes().unwrap_or(0);
+        let peak = Arc::new(AtomicU64::new(start));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let probe = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Some(rss) = rss_bytes() {
+                    probe.fetch_max(rss, Ordering::Relaxed);
+                }
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        });
+        Self {
+            peak,
+            start,
+            stop: Some(stop),
+        }
+    }
+
+    fn growth(mut self) -> u64 {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(rss) = rss_bytes() {
+            self.peak.fetch_max(rss, Ordering::Relaxed);
+        }
+        self.peak.load(Ordering::Relaxed).saturating_sub(self.start)
+    }
+}
+
+const BIG: u64 = 256 * 1024 * 1024;
+static CHUNK: [u8; 64 * 1024] = [7u8; 64 * 1024];
+
+fn big_body() -> ProxyBody {
+    let chunks = (BIG / CHUNK.len() as u64) as usize;
+    let stream = futures::stream::iter(
+        (0..chunks).map(|_| Ok::<_, BoxError>(Frame::data(Bytes::from_static(&CHUNK)))),
+    );
+    BodyExt::boxed(StreamBody::new(stream))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarter_gibibyte_each_way_keeps_memory_flat() {
+    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+        if req.method() == Method::GET {
+            let mut response = Response::new(big_body());
+            response
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(BIG));
+            return response;
+        }
+        let mut body = req.into_body();
+        let mut total = 0u64;
+        let mut frames = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            total += frame.into_data().map(|d| d.len() as u64).unwrap_or(0);
+            frames += 1;
+            if frames.is_multiple_of(4) {
+                // A slow reader: nothing may pile up in the proxy meanwhile.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        json_response(
+            StatusCode::OK,
+            json!({"kind": "storage#object", "bucket": PHYSICAL, "size": total.to_string()}),
+        )
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let probe = RssProbe::start();
+
+    let mut req = request(
+        Method::POST,
+        &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=media&name=big"),
+        big_body(),
+    );
+    req.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(BIG));
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.json()["size"], BIG.to_string());
+    assert_eq!(answer.json()["bucket"], "photos");
+    eprintln!(
+        "after upload: {} MiB",
+        rss_bytes().unwrap_or(0).saturating_sub(probe.start) / (1024 * 1024)
+    );
+
+    let req = request(Method::GET, &sidecar.url("/photos/big"), empty());
+    let response = tokio::time::timeout(TIMEOUT, client().request(req))
+        .await
+        .expect("no timeout")
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut total = 0u64;
+    let mut frames = 0u64;
+    while let Some(frame) = body.frame().await {
+        total += frame
+            .expect("frame")
+            .into_data()
+            .map(|d| d.len() as u64)
+            .unwrap_or(0);
+        frames += 1;
+        if frames.is_multiple_of(4) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    assert_eq!(total, BIG);
+    let growth = probe.growth();
+    eprintln!("peak RSS growth: {} MiB", growth / (1024 * 1024));
+    assert!(
+        growth < 64 * 1024 * 1024,
+        "RSS grew by {} MiB moving 512 MiB",
+        growth / (1024 * 1024)
+    );
+}
+
+#[tokio::test]
+async fn a_map_reload_does_not_disturb_requests_in_flight() {
+    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+        let bucket = req
+            .uri()
+            .path()
+            .split('/')
+            .nth(5)
+            .unwrap_or_default()
+            .to_owned();
+        let mut body = req.into_body();
+        while let Some(Ok(_)) = body.frame().await {}
+        json_response(
+            StatusCode::OK,
+            object("https://storage.googleapis.com", &bucket, "x", "x"),
+        )
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let (mut tx, body) = channel_body();
+    let req = request(
+        Method::POST,
+        &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=media&name=x"),
+        body,
+    );
+    let in_flight = tokio::spawn(send(req));
+    tx.send(Ok(Frame::data(Bytes::from_static(b"first half"))))
+        .await
+        .expect("send");
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while upstream.seen().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("request reached the upstream");
+
+    // The operator moved the bucket: a new physical name.
+    sidecar.store.set(mapping("photos-newnewnw"));
+    let after = send(request(
+        Method::POST,
+        &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=media&name=y"),
+        full("y"),
+    ))
+    .await;
+    assert_eq!(after.status, StatusCode::OK);
+    assert_eq!(after.json()["bucket"], "photos");
+
+    tx.send(Ok(Frame::data(Bytes::from_static(b"second half"))))
+        .await
+        .expect("send");
+    drop(tx);
+    let answer = in_flight.await.expect("join");
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(
+        answer.json()["bucket"],
+        "photos",
+        "answered with the mapping it started with"
+    );
+    let targets: Vec<String> = upstream.seen().into_iter().map(|s| s.target).collect();
+    assert!(
+        targets[0].starts_with("/upload/storage/v1/b/photos-k3x9q2mw/o"),
+        "{targets:?}"
+    );
+    assert!(
+        targets[1].starts_with("/upload/storage/v1/b/photos-newnewnw/o"),
+        "{targets:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_mapping_directory_is_watched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("photos"), "photos-k3x9q2mw\n").expect("write");
+    let store = Arc::new(MappingStore::new(Some(dir.path().to_owned()), Vec::new()));
+    let metrics = Arc::new(Metrics::new());
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(crate::watch::run(
+        store.clone(),
+        metrics.clone(),
+        Duration::from_millis(200),
+        stopped,
+    ));
+    let physical = |store: &MappingStore| {
+        store
+            .current()
+            .and_then(|m| m.physical("photos").map(str::to_owned))
+    };
+    let eventually = |want: &'static str| {
+        let store = store.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while physical(&store).as_deref() != Some(want) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .is_ok()
+        }
+    };
+    assert!(eventually("photos-k3x9q2mw").await);
+    std::fs::write(dir.path().join("photos"), "photos-22222222").expect("write");
+    assert!(eventually("photos-22222222").await);
+    // A bad update (duplicate physical) keeps the last good map.
+    std::fs::write(dir.path().join("other"), "photos-22222222").expect("write");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(physical(&store).as_deref(), Some("photos-22222222"));
+    assert!(
+        store
+            .current()
+            .is_some_and(|m| m.physical("other").is_none())
+    );
+    assert!(metrics.encode().contains("result=\"failure\""));
+    let _ = stop.send(true);
+    let _ = task.await;
+}
+
+#[tokio::test]
+async fn resumable_sessions_stay_behind_the_proxy() {
+    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+        let upstream_host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default().to_owned();
+        if req.uri().query().is_some_and(|q| q.contains("upload_id")) {
+            let mut body = req.into_body();
+            while let Some(Ok(_)) = body.frame().await {}
+            return json_response(StatusCode::OK, object("https://storage.googleapis.com", PHYSICAL, "x", "x"));
+        }
+        let mut response = Response::new(empty());
+        let location = format!("http://{upstream_host}/upload/storage/v1/b/{PHYSICAL}/o?uploadType=resumable&name=x&upload_id=ABC");
+        response.headers_mut().insert(header::LOCATION, HeaderValue::from_str(&location).expect("location"));
+        response
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let mut init = request(
+        Method::POST,
+        &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=resumable&name=x"),
+        full(r#"{"name":"x","bucket":"photos"}"#),
+    );
+    init.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let answer = send(init).await;
+    let location = answer
+        .headers
+        .get(header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        location,
+        sidecar.url("/upload/storage/v1/b/photos/o?uploadType=resumable&name=x&upload_id=ABC")
+    );
+    let answer = send(request(Method::PUT, &location, full("data"))).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json()["bucket"], "photos");
+    let seen = upstream.seen();
+    assert_eq!(
+        seen[1].target,
+        format!("/upload/storage/v1/b/{PHYSICAL}/o?uploadType=resumable&name=x&upload_id=ABC")
+    );
+}
+
+#[tokio::test]
+async fn xml_api_path_and_virtual_hosted_styles() {
+    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+        if req.uri().path() == format!("/{PHYSICAL}") {
+            let xml = format!("<?xml version='1.0' encoding='UTF-8'?><ListBucketResult><Name>{PHYSICAL}</Name><Contents><Key>{PHYSICAL}</Key></Contents></ListBucketResult>");
+            let mut response = Response::new(full(xml));
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/xml"));
+            return response;
+        }
+        let mut response = Response::new(full("<data/>"));
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/xml"));
+        response
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let list = send(request(
+        Method::GET,
+        &sidecar.url("/photos?prefix=a"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(
+        list.text(),
+        format!(
+            "<?xml version='1.0' encoding='UTF-8'?><ListBucketResult><Name>photos</Name><Contents><Key>{PHYSICAL}</Key></Contents></ListBucketResult>"
+        )
+    );
+    let object = send(request(
+        Method::GET,
+        &sidecar.url("/photos/a/b.xml"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(object.text(), "<data/>", "object data is never rewritten");
+
+    let mut vhost = request(Method::GET, &sidecar.url("/a/b.xml"), empty());
+    vhost
+        .headers_mut()
+        .insert(header::HOST, HeaderValue::from_static("photos.localhost"));
+    let answer = send(vhost).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let mut copy = request(Method::PUT, &sidecar.url("/photos/dst"), empty());
+    copy.headers_mut().insert(
+        "x-goog-copy-source",
+        HeaderValue::from_static("/logs/src%2Fa"),
+    );
+    let _ = send(copy).await;
+    let seen = upstream.seen();
+    assert_eq!(seen[0].target, format!("/{PHYSICAL}?prefix=a"));
+    assert_eq!(seen[1].target, format!("/{PHYSICAL}/a/b.xml"));
+    assert_eq!(seen[2].target, format!("/{PHYSICAL}/a/b.xml"));
+    assert_eq!(
+        seen[2]
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok()),
+        Some(upstream.addr.to_string()).as_deref()
+    );
+    assert_eq!(
+        seen[3]
+            .headers
+            .get("x-goog-copy-source")
+            .and_then(|h| h.to_str().ok()),
+        Some("/logs-aaaa1111/src%2Fa")
+    );
+}
+
+#[tokio::test]
+async fn credentials_are_added_only_when_the_client_sends_none() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        header::AUTHORIZATION,
+        HeaderValue::from_static("Bearer from-adc"),
+    );
+    let sidecar = Sidecar::start(
+        &upstream,
+        Options {
+            auth: Auth::Static(headers),
+            ..Options::default()
+        },
+    )
+    .await;
+    let _ = send(request(
+        Method::GET,
+        &sidecar.url("/storage/v1/b/photos/o/x"),
+        empty(),
+    ))
+    .await;
+    let mut own = request(
+        Method::GET,
+        &sidecar.url("/storage/v1/b/photos/o/x"),
+        empty(),
+    );
+    own.headers_mut().insert(
+        header::AUTHORIZATION,
+        HeaderValue::from_static("Bearer the-apps-own"),
+    );
+    let _ = send(own).await;
+    let seen = upstream.seen();
+    let auth = |i: usize| {
+        seen[i]
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(auth(0).as_deref(), Some("Bearer from-adc"));
+    assert_eq!(auth(1).as_deref(), Some("Bearer the-apps-own"));
+}
+
+#[tokio::test]
+async fn batch_requests_are_translated_part_by_part() {
+    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+        let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        // Answer each forwarded part with the object it named.
+        let mut out = String::new();
+        for id in ["1", "3"] {
+            if text.contains(&format!("<b+{id}>")) {
+                let obj = object("https://storage.googleapis.com", PHYSICAL, "x", "x").to_string();
+                out.push_str(&format!(
+                    "--resp\r\nContent-Type: application/http\r\nContent-ID: <response-b+{id}>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{obj}\r\n",
+                    obj.len()
+                ));
+            }
+        }
+        out.push_str("--resp--\r\n");
+        let mut response = Response::new(full(out));
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("multipart/mixed; boundary=resp"));
+        response
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let body = format!(
+        "--b\r\nContent-Type: application/http\r\nContent-ID: <b+1>\r\n\r\nGET {} HTTP/1.1\r\n\r\n\r\n\
+         --b\r\nContent-Type: application/http\r\nContent-ID: <b+2>\r\n\r\nGET /storage/v1/b/nope/o/x HTTP/1.1\r\n\r\n\r\n\
+         --b\r\nContent-Type: application/http\r\nContent-ID: <b+3>\r\n\r\nDELETE /storage/v1/b/photos/o/y HTTP/1.1\r\n\r\n\r\n--b--\r\n",
+        sidecar.url("/storage/v1/b/photos/o/x")
+    );
+    let mut req = request(Method::POST, &sidecar.url("/batch/storage/v1"), full(body));
+    req.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("multipart/mixed; boundary=b"),
+    );
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let text = answer.text();
+    assert!(!text.contains(PHYSICAL), "{text}");
+    assert!(text.contains("\"bucket\":\"photos\""), "{text}");
+    assert!(
+        text.contains("<response-b+2>") && text.contains("HTTP/1.1 404 Not Found"),
+        "{text}"
+    );
+    let positions: Vec<usize> = ["b+1", "b+2", "b+3"]
+        .iter()
+        .filter_map(|id| text.find(&format!("response-{id}")))
+        .collect();
+    assert!(
+        positions.len() == 3 && positions.windows(2).all(|w| w[0] < w[1]),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_drains_requests_in_flight() {
+    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+        let mut body = req.into_body();
+        while let Some(Ok(_)) = body.frame().await {}
+        json_response(
+            StatusCode::OK,
+            object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
+        )
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let (mut tx, body) = channel_body();
+    let in_flight = tokio::spawn(send(request(
+        Method::POST,
+        &sidecar.url("/upload/storage/v1/b/photos/o?name=x"),
+        body,
+    )));
+    tx.send(Ok(Frame::data(Bytes::from_static(b"part one"))))
+        .await
+        .expect("send");
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while upstream.seen().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("in flight");
+    let _ = sidecar.stop.send(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // No new connections once draining.
+    assert!(
+        tokio::net::TcpStream::connect(sidecar.addr).await.is_err(),
+        "the listener is closed"
+    );
+    tx.send(Ok(Frame::data(Bytes::from_static(b"part two"))))
+        .await
+        .expect("send");
+    drop(tx);
+    let answer = in_flight.await.expect("join");
+    assert_eq!(answer.status, StatusCode::OK);
+    let served = tokio::time::timeout(Duration::from_secs(20), sidecar.task)
+        .await
+        .expect("drained in time");
+    assert!(matches!(served, Ok(Ok(()))));
+    let _ = &sidecar.proxy;
+}

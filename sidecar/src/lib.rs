@@ -1,0 +1,55 @@
+//! bucketmap-sidecar: a per-pod HTTP proxy that lets unmodified Google Cloud
+//! Storage clients use logical bucket names.
+//!
+//! A request flows through:
+//! 1. [`route`]: the raw, still percent-encoded path (and `Host`, for the XML
+//!    API's virtual-hosted style) is classified — which API, where the bucket
+//!    segments are, how the bodies are handled. Object names are never
+//!    decoded or re-encoded; only the bucket segments' byte ranges are
+//!    replaced.
+//! 2. [`mapping`]: the logical → physical map in force (an `ArcSwap`
+//!    snapshot, so a reload never disturbs a request in flight), kept current
+//!    by [`watch`].
+//! 3. [`rewrite`]: structured fields only — JSON resources by kind
+//!    ([`rewrite::json`]), XML elements ([`rewrite::xml`]), absolute links
+//!    and copy sources ([`rewrite::url`]), whole-token replacement in error
+//!    messages ([`rewrite::text`]). Requests are translated strictly (an
+//!    unknown name is refused, so a logical name never reaches GCS, where it
+//!    could be somebody else's bucket); responses leniently.
+//! 4. [`proxy`]: object data streams both ways; metadata bodies are read
+//!    whole under `--max-metadata-bytes`; `multipart/related` uploads have
+//!    their metadata part rewritten while the data streams ([`upload`]);
+//!    batches are split, translated part by part and merged back ([`batch`]).
+//! 5. [`server`]: hyper 1 (HTTP/1.1 and h2c) behind a tower concurrency
+//!    limit, graceful drain on SIGTERM.
+//!
+//! Crates chosen over hand-written code: `quick-xml` (XML events with
+//! entities handled), `httparse` (the nested HTTP messages of batches —
+//! hyper's own parser), `memchr` (boundary search), `percent-encoding`,
+//! `arc-swap`, `notify`, `prometheus-client`, `google-cloud-auth` (ADC with
+//! token caching and refresh), `hyper-rustls` with bundled webpki roots.
+//! Hand-written: the multipart splitting (a few dozen lines; `multer` is
+//! streaming `multipart/form-data`-oriented and wants `Content-Disposition`),
+//! and the incremental first-part scan of uploads, which must hand the rest of
+//! the body on as a stream.
+
+pub mod auth;
+pub mod batch;
+pub mod body;
+pub mod config;
+pub mod errors;
+pub mod mapping;
+pub mod metrics;
+pub mod multipart;
+pub mod names;
+pub mod proxy;
+pub mod rewrite;
+pub mod route;
+pub mod server;
+pub mod signing;
+pub mod telemetry;
+pub mod upload;
+pub mod watch;
+
+#[cfg(test)]
+mod inprocess_tests;

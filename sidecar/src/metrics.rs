@@ -1,0 +1,155 @@
+//! Prometheus metrics of the sidecar.
+
+use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub operation: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `from_client` (request bodies) or `to_client` (response bodies).
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// Every metric the sidecar exports.
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub upstream_latency: Family<OperationLabels, Histogram>,
+    pub bytes: Family<DirectionLabels, Counter>,
+    pub mapping_reloads: Family<ResultLabels, Counter>,
+    pub mapping_entries: Gauge,
+    pub in_flight: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("bucketmap_sidecar");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests answered, by operation and HTTP status",
+            requests.clone(),
+        );
+        let upstream_latency = Family::<OperationLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        registry.register(
+            "upstream_latency_seconds",
+            "Time from sending a request upstream to its response headers",
+            upstream_latency.clone(),
+        );
+        let bytes = Family::<DirectionLabels, Counter>::default();
+        registry.register(
+            "body_bytes",
+            "Body bytes proxied, by direction",
+            bytes.clone(),
+        );
+        let mapping_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "mapping_reloads",
+            "Mapping reloads that changed the map or failed",
+            mapping_reloads.clone(),
+        );
+        let mapping_entries = Gauge::default();
+        registry.register(
+            "mapping_entries",
+            "Entries in the mapping in force",
+            mapping_entries.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "in_flight_requests",
+            "Requests being served",
+            in_flight.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            upstream_latency,
+            bytes,
+            mapping_reloads,
+            mapping_entries,
+            in_flight,
+        }
+    }
+
+    /// The counter of body bytes in one direction.
+    pub fn bytes_counter(&self, direction: &'static str) -> Counter {
+        self.bytes
+            .get_or_create(&DirectionLabels { direction })
+            .clone()
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_the_metrics() {
+        let m = Metrics::new();
+        m.requests
+            .get_or_create(&RequestLabels {
+                operation: "objects.get".into(),
+                status: 200,
+            })
+            .inc();
+        m.bytes_counter("to_client").inc_by(5);
+        m.mapping_entries.set(2);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "bucketmap_sidecar_requests_total{operation=\"objects.get\",status=\"200\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("bucketmap_sidecar_body_bytes_total{direction=\"to_client\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bucketmap_sidecar_mapping_entries 2"),
+            "{text}"
+        );
+    }
+}

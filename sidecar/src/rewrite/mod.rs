@@ -1,0 +1,148 @@
+//! Name translation for bodies, headers and links, in both directions.
+//!
+//! Requests go logical → physical ([`Direction::ToPhysical`]), strictly: a
+//! name the mapping does not know is refused, so a logical name can never
+//! reach GCS, where it could be somebody else's bucket. Responses go
+//! physical → logical ([`Direction::ToLogical`]), leniently: names the
+//! mapping does not know are left alone (or dropped from bucket lists).
+
+pub mod json;
+pub mod text;
+pub mod url;
+pub mod xml;
+
+#[cfg(test)]
+mod proptests;
+
+use crate::errors::ApiError;
+use crate::mapping::Mapping;
+
+/// Which way names are translated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Request: logical → physical.
+    ToPhysical,
+    /// Response: physical → logical.
+    ToLogical,
+}
+
+/// Where rewritten absolute URLs point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkBase {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// `host[:port]`.
+    pub authority: String,
+    /// The (translated) bucket the base's host names, virtual-hosted style.
+    pub virtual_host: Option<String>,
+}
+
+/// Translates bucket names found in one message.
+#[derive(Clone, Copy, Debug)]
+pub struct Translator<'a> {
+    pub mapping: &'a Mapping,
+    pub direction: Direction,
+    pub allow_physical: bool,
+    pub links: &'a LinkBase,
+}
+
+impl<'a> Translator<'a> {
+    /// Translates a name from a field that must name a bucket the app may use.
+    /// `Ok(None)` means "leave as is".
+    pub fn bucket(&self, name: &str) -> Result<Option<String>, ApiError> {
+        match self.direction {
+            Direction::ToPhysical => {
+                request_bucket(self.mapping, self.allow_physical, name).map(Some)
+            }
+            Direction::ToLogical => Ok(self.mapping.logical(name).map(str::to_owned)),
+        }
+    }
+
+    /// Translates a name from a field that is informational (ids, links):
+    /// unknown names are left as they are in both directions.
+    pub fn bucket_lenient(&self, name: &str) -> Option<String> {
+        match self.direction {
+            Direction::ToPhysical => self.mapping.physical(name).map(str::to_owned),
+            Direction::ToLogical => self.mapping.logical(name).map(str::to_owned),
+        }
+    }
+
+    /// Whether a bucket the mapping does not know stays visible in responses.
+    pub fn shows_unmapped(&self) -> bool {
+        self.allow_physical
+    }
+}
+
+/// The physical name a request may use for `name`: the mapped physical name
+/// of a logical bucket, or `name` itself if it is a physical name and those
+/// are allowed. Anything else is refused.
+pub fn request_bucket(
+    mapping: &Mapping,
+    allow_physical: bool,
+    name: &str,
+) -> Result<String, ApiError> {
+    if let Some(physical) = mapping.physical(name) {
+        return Ok(physical.to_owned());
+    }
+    match mapping.logical(name) {
+        Some(_) if allow_physical => Ok(name.to_owned()),
+        Some(logical) => Err(ApiError::physical_name_refused(name, logical)),
+        None => Err(ApiError::unknown_bucket(name)),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    pub fn mapping() -> Mapping {
+        Mapping::new([
+            ("photos".to_owned(), "photos-k3x9q2mw".to_owned()),
+            ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        ])
+        .unwrap_or_default()
+    }
+
+    pub fn sidecar_base() -> LinkBase {
+        LinkBase {
+            scheme: "http".into(),
+            authority: "127.0.0.1:9023".into(),
+            virtual_host: None,
+        }
+    }
+
+    pub fn upstream_base() -> LinkBase {
+        LinkBase {
+            scheme: "https".into(),
+            authority: "storage.googleapis.com".into(),
+            virtual_host: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn request_names_are_strict() {
+        let m = mapping();
+        assert_eq!(
+            request_bucket(&m, false, "photos").ok().as_deref(),
+            Some("photos-k3x9q2mw")
+        );
+        assert_eq!(
+            request_bucket(&m, false, "nope").map_err(|e| e.status.as_u16()),
+            Err(404)
+        );
+        assert_eq!(
+            request_bucket(&m, false, "photos-k3x9q2mw").map_err(|e| e.status.as_u16()),
+            Err(403)
+        );
+        assert_eq!(
+            request_bucket(&m, true, "photos-k3x9q2mw").ok().as_deref(),
+            Some("photos-k3x9q2mw")
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! Listeners, connection handling, graceful drain, and the whole process's wiring.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use http::{Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower::ServiceBuilder;
+
+use crate::auth::Auth;
+use crate::body::{ProxyBody, full};
+use crate::config::Config;
+use crate::mapping::MappingStore;
+use crate::metrics::Metrics;
+use crate::proxy::{Proxy, ProxySettings, build_client, readiness};
+
+/// Connection-level limits.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerSettings {
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub drain_timeout: Duration,
+    /// Requests served at once across all connections; more wait their turn.
+    pub max_concurrent_requests: usize,
+}
+
+fn connection_builder(settings: ServerSettings) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_buf_size(settings.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
+/// Serves `handler` on `listener` until `shutdown` turns true, then drains
+/// in-flight requests for at most `settings.drain_timeout`.
+pub async fn serve<F, Fut>(
+    listener: TcpListener,
+    settings: ServerSettings,
+    handler: F,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()>
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    let builder = connection_builder(settings);
+    let graceful = GracefulShutdown::new();
+    // One tower stack shared by every connection (clones share the limit).
+    let service = ServiceBuilder::new()
+        .concurrency_limit(settings.max_concurrent_requests.max(1))
+        .service_fn(move |req: Request<Incoming>| {
+            let handler = handler.clone();
+            async move { Ok::<_, Infallible>(handler(req).await) }
+        });
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Out of file descriptors and the like: back off a little.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let service = TowerToHyperService::new(service.clone());
+                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    if let Err(err) = connection.await {
+                        tracing::debug!(%peer, error = %err, "connection ended with an error");
+                    }
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections drained"),
+        _ = tokio::time::sleep(settings.drain_timeout) => {
+            tracing::warn!(timeout = ?settings.drain_timeout, "drain timeout: closing remaining connections");
+        }
+    }
+    Ok(())
+}
+
+/// The separate metrics listener: `/metrics`, `/healthz`, `/readyz`.
+pub fn metrics_handler(
+    metrics: Arc<Metrics>,
+    mapping: Arc<MappingStore>,
+) -> impl Fn(Request<Incoming>) -> std::future::Ready<Response<ProxyBody>> + Clone + Send + Sync + 'static
+{
+    move |req: Request<Incoming>| {
+        let text = |status: StatusCode, body: String, content_type: &'static str| {
+            let mut response = Response::new(full(body));
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static(content_type),
+            );
+            response
+        };
+        std::future::ready(match req.uri().path() {
+            "/metrics" => text(
+                StatusCode::OK,
+                metrics.encode(),
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ),
+            "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+            "/readyz" => readiness(&mapping, text),
+            _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+        })
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM: draining"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGTERM; only SIGINT stops the sidecar");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs the sidecar until SIGTERM/SIGINT.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let store = Arc::new(MappingStore::new(
+        config.mapping_dir.clone(),
+        config.maps.clone(),
+    ));
+    let mut last_error = None;
+    crate::watch::reload_and_report(&store, &metrics, &mut last_error);
+
+    let auth = if config.no_auth {
+        Auth::None
+    } else {
+        Auth::application_default()?
+    };
+    let client = build_client(config.connect_timeout, config.pool_idle_timeout)?;
+    let settings = ProxySettings {
+        allow_physical_names: config.allow_physical_names,
+        max_metadata_bytes: config.max_metadata_bytes,
+        upstream_timeout: (!config.upstream_timeout.is_zero()).then_some(config.upstream_timeout),
+        listen: config.listen,
+    };
+    let proxy = Arc::new(Proxy::new(
+        store.clone(),
+        client,
+        &config.upstream,
+        auth,
+        metrics.clone(),
+        settings,
+    )?);
+    let server_settings = ServerSettings {
+        header_read_timeout: config.header_read_timeout,
+        max_header_bytes: config.max_header_bytes,
+        drain_timeout: config.drain_timeout,
+        max_concurrent_requests: config.max_concurrent_requests,
+    };
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--metrics-addr)"))?,
+        ),
+        None => None,
+    };
+    tracing::info!(
+        listen = %config.listen,
+        upstream = %config.upstream,
+        auth = if config.no_auth { "none" } else { "application-default" },
+        metrics = ?config.metrics_addr,
+        "bucketmap-sidecar started"
+    );
+
+    let (stop, stopped) = watch::channel(false);
+    let watcher = tokio::spawn(crate::watch::run(
+        store.clone(),
+        metrics.clone(),
+        config.mapping_poll_interval,
+        stopped.clone(),
+    ));
+    let metrics_server = metrics_listener.map(|listener| {
+        tokio::spawn(serve(
+            listener,
+            server_settings,
+            metrics_handler(metrics.clone(), store.clone()),
+            stopped.clone(),
+        ))
+    });
+    let handler = move |req: Request<Incoming>| {
+        let proxy = proxy.clone();
+        async move { proxy.handle(req).await }
+    };
+    let main_server = tokio::spawn(serve(listener, server_settings, handler, stopped));
+
+    termination().await;
+    let _ = stop.send(true);
+    main_server
+        .await
+        .context("the proxy listener task failed")??;
+    if let Some(task) = metrics_server {
+        task.await.context("the metrics listener task failed")??;
+    }
+    let _ = watcher.await;
+    tracing::info!("bucketmap-sidecar stopped");
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! `uploadType=multipart` uploads (`multipart/related`): the first part is
+//! the object's JSON metadata, the second its data. The metadata part is
+//! read (bounded) and rewritten; the data streams through untouched.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use memchr::memmem;
+
+use crate::body::{BoxError, ProxyBody, boxed};
+use crate::errors::ApiError;
+use crate::multipart::boundary;
+
+/// Room for the delimiter and the part headers on top of the metadata limit.
+const HEADER_ALLOWANCE: usize = 16 * 1024;
+
+/// The rewritten body, and how much longer (or shorter) it is than the original.
+pub struct Rewritten {
+    pub body: ProxyBody,
+    pub length_delta: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("the metadata part is too large")]
+    TooLarge,
+    #[error(transparent)]
+    Api(ApiError),
+    #[error("cannot read the request body: {0}")]
+    Body(BoxError),
+    #[error("malformed multipart/related body: {0}")]
+    Malformed(&'static str),
+}
+
+impl UploadError {
+    pub fn into_api_error(self, limit: usize) -> ApiError {
+        match self {
+            UploadError::TooLarge => ApiError::too_large(limit),
+            UploadError::Api(err) => err,
+            UploadError::Body(err) => {
+                ApiError::bad_request(format!("cannot read the request body: {err}"))
+            }
+            UploadError::Malformed(what) => ApiError::bad_request(format!(
+                "bucketmap-sidecar: malformed multipart/related upload: {what}"
+            )),
+        }
+    }
+}
+
+/// Rewrites the first part of a `multipart/related` body with `rewrite`
+/// (which returns `None` to keep it) and streams the rest. A body that is not
+/// `multipart/related` is forwarded untouched.
+pub async fn rewrite_related<B>(
+    mut body: B,
+    content_type: &str,
+    limit: usize,
+    rewrite: impl FnOnce(&[u8]) -> Result<Option<Vec<u8>>, ApiError>,
+) -> Result<Rewritten, UploadError>
+where
+    B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let Some(boundary) = boundary(content_type) else {
+        return Ok(Rewritten {
+            body: boxed(body),
+            length_delta: 0,
+        });
+    };
+    let opening = format!("--{boundary}");
+    let closing = format!("\r\n--{boundary}");
+    let cap = limit.saturating_add(HEADER_ALLOWANCE);
+    let mut buf = BytesMut::new();
+    let mut scan = Scan::default();
+    let (content_start, content_end) = loop {
+        if let Some(found) = scan.advance(&buf, opening.as_bytes(), closing.as_bytes())? {
+            break found;
+        }
+        if buf.len() > cap {
+            return Err(UploadError::TooLarge);
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                }
+            }
+            Some(Err(err)) => return Err(UploadError::Body(err.into())),
+            None => {
+                return Err(UploadError::Malformed(
+                    "the metadata part is not followed by a data part",
+                ));
+            }
+        }
+    };
+    if content_end - content_start > limit {
+        return Err(UploadError::TooLarge);
+    }
+    let original = &buf[content_start..content_end];
+    let Some(new) = rewrite(original).map_err(UploadError::Api)? else {
+        return Ok(Rewritten {
+            body: boxed(Prefixed::new(buf.freeze(), body)),
+            length_delta: 0,
+        });
+    };
+    let length_delta = new.len() as i64 - original.len() as i64;
+    let mut prefix = BytesMut::with_capacity(buf.len() + new.len());
+    prefix.extend_from_slice(&buf[..content_start]);
+    prefix.extend_from_slice(&new);
+    prefix.extend_from_slice(&buf[content_end..]);
+    Ok(Rewritten {
+        body: boxed(Prefixed::new(prefix.freeze(), body)),
+        length_delta,
+    })
+}
+
+/// Incremental search for the first part's content bounds, resuming where
+/// the previous search stopped so that many small frames stay linear.
+#[derive(Default)]
+struct Scan {
+    opening_end: Option<usize>,
+    headers_end: Option<usize>,
+    searched: usize,
+}
+
+impl Scan {
+    fn advance(
+        &mut self,
+        buf: &[u8],
+        opening: &[u8],
+        closing: &[u8],
+    ) -> Result<Option<(usize, usize)>, UploadError> {
+        if self.opening_end.is_none() {
+            let Some(at) = memmem::find(buf, opening) else {
+                self.searched = buf.len().saturating_sub(opening.len());
+                return Ok(None);
+            };
+            if at > 0
+                && buf[..at].iter().any(|b| !b.is_ascii_whitespace())
+                && !buf[..at].ends_with(b"\n")
+            {
+                return Err(UploadError::Malformed(
+                    "the body does not start with the boundary",
+                ));
+            }
+            self.opening_end = Some(at + opening.len());
+            self.searched = at + opening.len();
+        }
+        let Some(opening_end) = self.opening_end else {
+            return Ok(None);
+        };
+        if self.headers_end.is_none() {
+            let from = self.searched.max(opening_end);
+            let Some(found) = memmem::find(&buf[from..], b"\r\n\r\n") else {
+                self.searched = buf.len().saturating_sub(3).max(opening_end);
+                return Ok(None);
+            };
+            self.headers_end = Some(from + found + 4);
+            self.searched = from + found + 2; // the closing delimiter may follow an empty part
+        }
+        let Some(headers_end) = self.headers_end else {
+            return Ok(None);
+        };
+        let from = self.searched.max(headers_end.saturating_sub(2));
+        match memmem::find(&buf[from..], closing) {
+            Some(found) => {
+                let end = (from + found).max(headers_end);
+                Ok(Some((headers_end, end)))
+            }
+            None => {
+                self.searched = buf
+                    .len()
+                    .saturating_sub(closing.len())
+                    .max(headers_end.saturating_sub(2));
+                Ok(None)
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A body that yields `prefix` and then the rest of `inner`.
+    pub struct Prefixed<B> {
+        prefix: Option<Bytes>,
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B> Prefixed<B> {
+    pub fn new(prefix: Bytes, inner: B) -> Self {
+        Self {
+            prefix: Some(prefix),
+            inner,
+        }
+    }
+}
+
+impl<B> Body for Prefixed<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        if let Some(prefix) = this.prefix.take()
+            && !prefix.is_empty()
+        {
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
+        this.inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.as_ref().is_none_or(Bytes::is_empty) && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let extra = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + extra);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + extra);
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+
+    fn chunked(
+        data: &[u8],
+        size: usize,
+    ) -> impl Body<Data = Bytes, Error = BoxError> + Send + Sync + Unpin + 'static {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = data
+            .chunks(size)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        StreamBody::new(futures::stream::iter(frames))
+    }
+
+    fn upload_body(meta: &str, media: &[u8]) -> Vec<u8> {
+        let mut body = format!("--xyz\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--xyz\r\nContent-Type: image/jpeg\r\n\r\n").into_bytes();
+        body.extend_from_slice(media);
+        body.extend_from_slice(b"\r\n--xyz--\r\n");
+        body
+    }
+
+    async fn run(body: Vec<u8>, frame: usize, limit: usize) -> Result<(Vec<u8>, i64), UploadError> {
+        let rewritten = rewrite_related(
+            chunked(&body, frame),
+            "multipart/related; boundary=xyz",
+            limit,
+            |part| {
+                let text = String::from_utf8_lossy(part)
+                    .replace("\"bucket\":\"photos\"", "\"bucket\":\"photos-k3x9q2mw\"");
+                Ok(Some(text.into_bytes()))
+            },
+        )
+        .await?;
+        let out = rewritten
+            .body
+            .collect()
+            .await
+            .map_err(UploadError::Body)?
+            .to_bytes()
+            .to_vec();
+        Ok((out, rewritten.length_delta))
+    }
+
+    #[tokio::test]
+    async fn rewrites_the_metadata_part_whatever_the_framing() {
+        let media: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let body = upload_body(r#"{"name":"photos","bucket":"photos"}"#, &media);
+        let want = upload_body(r#"{"name":"photos","bucket":"photos-k3x9q2mw"}"#, &media);
+        for frame in [1, 2, 3, 7, 64, 100_000] {
+            let (out, delta) = run(body.clone(), frame, 1024)
+                .await
+                .unwrap_or_else(|e| panic!("frame {frame}: {e}"));
+            assert!(
+                out == want,
+                "frame {frame}: {}",
+                String::from_utf8_lossy(&out[..out.len().min(200)])
+            );
+            assert_eq!(delta, want.len() as i64 - body.len() as i64);
+        }
+    }
+
+    #[tokio::test]
+    async fn oversized_or_truncated_metadata_is_refused() {
+        let big = format!(r#"{{"bucket":"photos","x":"{}"}}"#, "a".repeat(100));
+        assert!(matches!(
+            run(upload_body(&big, b"m"), 10, 50).await,
+            Err(UploadError::TooLarge)
+        ));
+        let truncated =
+            b"--xyz\r\nContent-Type: application/json\r\n\r\n{\"bucket\":\"photos\"}".to_vec();
+        assert!(matches!(
+            run(truncated, 5, 1024).await,
+            Err(UploadError::Malformed(_))
+        ));
+        assert!(matches!(
+            run(b"garbage --xyz\r\n".to_vec(), 5, 1024).await,
+            Err(UploadError::Malformed(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn non_multipart_bodies_pass_untouched() {
+        let rewritten = rewrite_related(chunked(b"raw", 1), "application/octet-stream", 10, |_| {
+            Ok(None)
+        })
+        .await;
+        let out = match rewritten {
+            Ok(r) => r.body.collect().await.map(|c| c.to_bytes()).ok(),
+            Err(_) => None,
+        };
+        assert_eq!(out.as_deref(), Some(&b"raw"[..]));
+    }
+}

@@ -1,0 +1,12 @@
+//! Shared harness of the sidecar's integration tests: fake-gcs-server as the
+//! upstream, the sidecar binary in front of it, real client libraries
+//! (Python, Go, Node) driven through it, and a raw HTTP client for requests
+//! no library would send.
+#![allow(dead_code)]
+
+pub mod checks;
+pub mod http;
+pub mod procs;
+pub mod report;
+pub mod scenario;
+pub mod world;

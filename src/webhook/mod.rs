@@ -1,0 +1,129 @@
+//! The mutating admission webhook that injects `bucketmap-sidecar` into
+//! pods labelled `bucketmap.dev/inject: "true"`.
+//!
+//! Served over HTTPS by every operator replica (leader or not) at
+//! `POST /mutate-pods`. It never refuses a pod: a pod it cannot read is
+//! admitted unchanged (and logged). Pods it does not target never reach it:
+//! the MutatingWebhookConfiguration selects them by label (see
+//! `deploy/webhook.yaml` for the failure policy and why).
+
+pub mod inject;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use tracing::{info, warn};
+
+pub use inject::InjectionConfig;
+use tls::CertResolver;
+
+/// Answers one AdmissionReview.
+pub fn review(
+    review: AdmissionReview<DynamicObject>,
+    cfg: &InjectionConfig,
+) -> AdmissionReview<DynamicObject> {
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "malformed AdmissionReview");
+            return AdmissionResponse::invalid(format!("malformed AdmissionReview: {e}"))
+                .into_review();
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    let pod = request
+        .object
+        .as_ref()
+        .map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<Pod>));
+    let patch = match pod {
+        Some(Ok(pod)) => inject::patch(&pod, cfg),
+        Some(Err(e)) => Err(e),
+        None => Ok(None),
+    };
+    match patch {
+        Ok(Some(patch)) => {
+            info!(namespace = ?request.namespace, pod = %request.name, "injecting bucketmap-sidecar");
+            match response.clone().with_patch(patch) {
+                Ok(r) => r.into_review(),
+                Err(e) => {
+                    warn!(error = %e, "cannot serialize the injection patch; admitting unchanged");
+                    response.into_review()
+                }
+            }
+        }
+        Ok(None) => response.into_review(),
+        Err(e) => {
+            warn!(error = %e, "cannot read the pod; admitting unchanged");
+            response.into_review()
+        }
+    }
+}
+
+async fn mutate_pods(
+    State(cfg): State<Arc<InjectionConfig>>,
+    Json(body): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    Json(review(body, &cfg))
+}
+
+/// Serves the webhook over TLS on `addr` until `shutdown`.
+pub async fn serve(
+    addr: SocketAddr,
+    certs: Arc<CertResolver>,
+    cfg: InjectionConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let mut tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_cert_resolver(certs);
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let app = axum::Router::new()
+        .route("/mutate-pods", post(mutate_pods))
+        .with_state(Arc::new(cfg));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for the webhook"))?;
+    info!(%addr, "serving the pod injection webhook");
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    warn!(error = %e, "webhook accept failed");
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(%peer, error = %e, "webhook TLS handshake failed");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            if let Err(e) = builder
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                warn!(%peer, error = %e, "webhook connection failed");
+            }
+        });
+    }
+}

@@ -1,0 +1,198 @@
+//! The pod injection webhook, called by the real API server: the operator
+//! serves it over TLS with a certificate it generated, and keeps the
+//! configuration's caBundle current.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bucketmap::webhook::inject::{INJECT_LABEL, MAP_VOLUME, SIDECAR_NAME};
+use common::Fixture;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
+
+type TestResult = anyhow::Result<()>;
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn pod(name: &str, labelled: bool) -> anyhow::Result<Pod> {
+    let labels = if labelled {
+        serde_json::json!({INJECT_LABEL: "true"})
+    } else {
+        serde_json::json!({})
+    };
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+    }))?)
+}
+
+fn sidecars(p: &Pod) -> usize {
+    let spec = p.spec.as_ref();
+    spec.map(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(&s.containers)
+            .filter(|c| c.name == SIDECAR_NAME)
+            .count()
+    })
+    .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhook_is_down()
+-> TestResult {
+    let f = Fixture::new().await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(f.client.clone(), &f.ns);
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}}))?;
+    sas.create(&PostParams::default(), &sa).await?;
+
+    let port = free_port()?;
+    let config_name = format!("bucketmap-{}", f.ns);
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(f.client.clone());
+    let config: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": config_name},
+        "webhooks": [{
+            "name": "inject.bucketmap.dev",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 5,
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate-pods")},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+            "objectSelector": {"matchLabels": {INJECT_LABEL: "true"}},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": f.ns}},
+        }],
+    }))?;
+    webhooks.create(&PostParams::default(), &config).await?;
+
+    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+        .args([
+            "operator",
+            "--gcs-anonymous",
+            "--gcs-endpoint",
+            &f.mock.endpoint(),
+        ])
+        .args(["--namespace", &f.ns, "--leader-election-namespace", &f.ns])
+        .args([
+            "--webhook-addr",
+            &format!("127.0.0.1:{port}"),
+            "--webhook-host",
+            "127.0.0.1",
+        ])
+        .args([
+            "--webhook-config-name",
+            &config_name,
+            "--sidecar-image",
+            "example/bucketmap:test",
+        ])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", f.env.kubeconfig_path())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+
+    // The operator writes its CA into the configuration.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = webhooks.get(&config_name).await?;
+        let bundle = c
+            .webhooks
+            .and_then(|w| w.into_iter().next())
+            .and_then(|w| w.client_config.ca_bundle);
+        if bundle.is_some_and(|b| String::from_utf8_lossy(&b.0).contains("BEGIN CERTIFICATE")) {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "caBundle never written"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
+    // The server may need a moment after the caBundle to accept handshakes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let injected = loop {
+        match pods
+            .create(&PostParams::default(), &pod("labelled", true)?)
+            .await
+        {
+            Ok(p) => break p,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "webhook not reachable yet");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(e).context("labelled pod never admitted"),
+        }
+    };
+    let spec = injected.spec.clone().context("spec")?;
+    let init = spec.init_containers.clone().unwrap_or_default();
+    assert_eq!(init.first().map(|c| c.name.as_str()), Some(SIDECAR_NAME));
+    assert_eq!(
+        init[0].restart_policy.as_deref(),
+        Some("Always"),
+        "a native sidecar"
+    );
+    assert_eq!(init[0].image.as_deref(), Some("example/bucketmap:test"));
+    let env = spec.containers[0].env.clone().unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e.name == "STORAGE_EMULATOR_HOST"
+            && e.value.as_deref() == Some("http://127.0.0.1:9023")),
+        "{env:?}"
+    );
+    let volume = spec
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| v.name == MAP_VOLUME)
+        .context("map volume")?;
+    assert_eq!(
+        volume.config_map.map(|c| c.name),
+        Some("bucketmap".to_owned())
+    );
+
+    let plain = pods
+        .create(&PostParams::default(), &pod("plain", false)?)
+        .await?;
+    assert_eq!(sidecars(&plain), 0, "an unlabelled pod is untouched");
+    assert!(
+        plain
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.containers[0].env.is_none())
+    );
+
+    // A pod whose spec already carries the sidecar is not injected twice.
+    let mut again: Pod = pod("again", true)?;
+    again.spec = injected.spec.clone();
+    let again = pods.create(&PostParams::default(), &again).await?;
+    assert_eq!(sidecars(&again), 1);
+
+    // The webhook goes down: unlabelled pods are still admitted, labelled
+    // ones are refused rather than started without their sidecar.
+    operator.kill().await?;
+    let _ = operator.wait().await;
+    pods.create(&PostParams::default(), &pod("plain-2", false)?)
+        .await
+        .context("unlabelled pod blocked by a down webhook")?;
+    let refused = pods
+        .create(&PostParams::default(), &pod("labelled-2", true)?)
+        .await;
+    let message = format!(
+        "{:?}",
+        refused
+            .err()
+            .context("a labelled pod was admitted without its sidecar")?
+    );
+    assert!(message.contains("inject.bucketmap.dev"), "{message}");
+    Ok(())
+}
