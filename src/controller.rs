@@ -135,7 +135,7 @@ pub async fn run(
     };
     let pacer = Pacer::new(config.bucket_ops_interval);
     let concurrency = config.concurrency;
-    let published = watch_published(&client, &config);
+    let (published, cache_tasks) = watch_published(&client, &config);
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -185,7 +185,7 @@ pub async fn run(
         info!("caches synced");
         on_ready();
     };
-    tokio::spawn(readiness);
+    let readiness = tokio::spawn(readiness);
 
     controller
         .graceful_shutdown_on(shutdown)
@@ -196,12 +196,20 @@ pub async fn run(
             }
         })
         .await;
+    // The background watches live exactly as long as the controller.
+    readiness.abort();
+    for task in cache_tasks {
+        task.abort();
+    }
 }
 
 /// Caches of the published ConfigMaps and binding Secrets, kept by
 /// background watches (they trigger nothing: our own writes would only
 /// cause reconciles that change nothing).
-fn watch_published(client: &kube::Client, config: &OperatorConfig) -> PublishedCache {
+fn watch_published(
+    client: &kube::Client,
+    config: &OperatorConfig,
+) -> (PublishedCache, [tokio::task::JoinHandle<()>; 2]) {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let (cm_api, secret_api): (Api<ConfigMap>, Api<Secret>) = match &config.namespace {
         Some(ns) => (
@@ -218,24 +226,27 @@ fn watch_published(client: &kube::Client, config: &OperatorConfig) -> PublishedC
         publish::MANAGED_BY.0,
         publish::MANAGED_BY.1
     ));
-    tokio::spawn(
+    let cm_task = tokio::spawn(
         watcher(cm_api, cm_watch)
             .default_backoff()
             .modify(|o: &mut k8s_openapi::api::core::v1::ConfigMap| o.managed_fields_mut().clear())
             .reflect(cm_writer)
             .for_each(|_| async {}),
     );
-    tokio::spawn(
+    let secret_task = tokio::spawn(
         watcher(secret_api, secret_watch)
             .default_backoff()
             .modify(|o: &mut k8s_openapi::api::core::v1::Secret| o.managed_fields_mut().clear())
             .reflect(secret_writer)
             .for_each(|_| async {}),
     );
-    PublishedCache {
-        configmaps,
-        secrets,
-    }
+    (
+        PublishedCache {
+            configmaps,
+            secrets,
+        },
+        [cm_task, secret_task],
+    )
 }
 
 /// Entry point of one reconciliation.

@@ -196,3 +196,56 @@ async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhoo
     assert!(message.contains("inject.bucketmap.dev"), "{message}");
     Ok(())
 }
+
+#[test]
+fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
+    use bucketmap::webhook::inject::{InjectionConfig, client_env, inject};
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/app-with-sidecar.yaml"
+    ))?;
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_yaml::from_str(&text)?;
+    let documented = deployment.spec.context("spec")?.template;
+    let documented_spec = documented.spec.clone().context("pod spec")?;
+    let sidecar = documented_spec
+        .init_containers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .context("sidecar")?;
+    let cfg = InjectionConfig {
+        sidecar_image: sidecar.image.clone().context("image")?,
+        port: 9023,
+        map_name: "bucketmap".into(),
+    };
+
+    // The same pod before injection: no sidecar, no map volume, no client env.
+    let injected_env: Vec<String> = client_env(cfg.port).into_iter().map(|e| e.name).collect();
+    let mut bare = documented_spec.clone();
+    bare.init_containers = None;
+    bare.volumes = None;
+    for c in &mut bare.containers {
+        c.env = c.env.take().map(|env| {
+            env.into_iter()
+                .filter(|e| !injected_env.contains(&e.name))
+                .collect()
+        });
+        if c.env.as_ref().is_some_and(Vec::is_empty) {
+            c.env = None;
+        }
+    }
+    let labelled = |spec| -> anyhow::Result<Pod> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "app", "labels": {INJECT_LABEL: "true"}},
+            "spec": spec,
+        }))?)
+    };
+    let injected = inject(&labelled(bare)?, &cfg).context("the bare pod is injected")?;
+    assert_eq!(
+        serde_json::to_value(injected.spec)?,
+        serde_json::to_value(labelled(documented_spec)?.spec)?,
+        "examples/app-with-sidecar.yaml drifted from what the webhook injects"
+    );
+    Ok(())
+}

@@ -6,6 +6,8 @@
 //! ```sh
 //! cargo bench -p bucketmap-sidecar --bench proxy
 //! BUCKETMAP_BENCH_QUICK=1 cargo bench -p bucketmap-sidecar --bench proxy   # smoke run, small sizes
+//! BUCKETMAP_BENCH_SIDECAR_BIN=/path/to/bucketmap-sidecar cargo bench ...    # another build
+//! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,streaming,memory
 //! ```
 //!
 //! Upstreams:
@@ -61,6 +63,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 const SIDECAR_BIN: &str = env!("CARGO_BIN_EXE_bucketmap-sidecar");
+
+/// The sidecar under test: the one cargo built for this bench, or
+/// `BUCKETMAP_BENCH_SIDECAR_BIN` (to compare another build).
+fn sidecar_bin() -> PathBuf {
+    std::env::var_os("BUCKETMAP_BENCH_SIDECAR_BIN")
+        .map_or_else(|| PathBuf::from(SIDECAR_BIN), PathBuf::from)
+}
 const LOGICAL: &str = "photos";
 const PHYSICAL: &str = "photos-k3x9q2mw";
 const MIB: u64 = 1 << 20;
@@ -97,11 +106,19 @@ struct Settings {
     streams: usize,
     /// Bytes per concurrent stream.
     stream_size: u64,
+    /// Phases to run (`BUCKETMAP_BENCH_PHASES=latency,streaming,memory`, all by default).
+    latency: bool,
+    streaming: bool,
+    memory: bool,
 }
 
 impl Settings {
     fn from_env() -> Self {
         let quick = std::env::var_os("BUCKETMAP_BENCH_QUICK").is_some_and(|v| v != "0");
+        let phases = std::env::var("BUCKETMAP_BENCH_PHASES")
+            .unwrap_or_else(|_| "latency,streaming,memory".into());
+        let phase = |name: &str| phases.split(',').any(|p| p.trim() == name);
+        let (latency, streaming, memory) = (phase("latency"), phase("streaming"), phase("memory"));
         if quick {
             Settings {
                 rate: 500,
@@ -113,6 +130,9 @@ impl Settings {
                 reps: 1,
                 streams: 64,
                 stream_size: 2 * MIB,
+                latency,
+                streaming,
+                memory,
             }
         } else {
             Settings {
@@ -122,9 +142,12 @@ impl Settings {
                 warmup: 200,
                 big: 256 * MIB,
                 fake_big: 256 * MIB,
-                reps: 3,
+                reps: 5,
                 streams: 64,
                 stream_size: 16 * MIB,
+                latency,
+                streaming,
+                memory,
             }
         }
     }
@@ -443,7 +466,7 @@ async fn start_sidecar(
     let mut last = None;
     for attempt in 0..3 {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-        let mut cmd = Command::new(SIDECAR_BIN);
+        let mut cmd = Command::new(sidecar_bin());
         cmd.args(["--listen", &addr.to_string()])
             .args(["--upstream", &format!("http://{upstream}")])
             .arg("--no-auth")
@@ -536,6 +559,47 @@ async fn start_fake_gcs(client: &HttpClient, bin: &Path, dir: &Path) -> Result<(
         }
     }
     Err(last.unwrap_or_else(|| anyhow!("fake-gcs-server did not start")))
+}
+
+/// CPU time used so far by the live threads of a process (`"self"` or a
+/// pid), in nanoseconds: the first field of `/proc/PID/task/*/schedstat`.
+fn cpu_ns(pid: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Sums the CPU time of a set of processes: the sidecar, or the direct
+/// baseline's client and upstream (this process, plus fake-gcs-server when
+/// it is the upstream).
+#[derive(Clone, Debug)]
+struct CpuMeter {
+    pids: Vec<String>,
+}
+
+impl CpuMeter {
+    fn of(pids: &[u32], with_self: bool) -> Self {
+        let mut all: Vec<String> = pids.iter().map(u32::to_string).collect();
+        if with_self {
+            all.push("self".into());
+        }
+        CpuMeter { pids: all }
+    }
+
+    fn read(&self) -> u64 {
+        self.pids.iter().map(|pid| cpu_ns(pid)).sum()
+    }
+}
+
+/// CPU meters for one upstream: `direct` measures the client and upstream
+/// during direct runs, `sidecar` the sidecar during proxied runs.
+struct Meters {
+    direct: CpuMeter,
+    sidecar: CpuMeter,
 }
 
 /// `VmRSS` and `VmHWM` of a process, in KiB.
@@ -834,6 +898,10 @@ struct MetadataFigures {
     upstream: &'static str,
     direct: Latencies,
     via: Latencies,
+    /// CPU ns of client + upstream during the direct blocks.
+    direct_cpu_ns: u64,
+    /// CPU ns of the sidecar during the proxied blocks.
+    sidecar_cpu_ns: u64,
 }
 
 struct StreamFigures {
@@ -843,6 +911,10 @@ struct StreamFigures {
     /// MiB/s per repetition.
     direct: Vec<f64>,
     via: Vec<f64>,
+    /// CPU ns of client + upstream over all direct repetitions.
+    direct_cpu_ns: u64,
+    /// CPU ns of the sidecar over all proxied repetitions.
+    sidecar_cpu_ns: u64,
 }
 
 struct MemoryFigures {
@@ -904,13 +976,20 @@ fn mib(kib: u64) -> String {
 // ---------------------------------------------------------------------------
 // Phases
 
+/// One upstream, reached directly and through its sidecar.
+struct Pair {
+    upstream: &'static str,
+    direct: Endpoint,
+    via: Endpoint,
+    meters: Meters,
+}
+
 async fn metadata_phase(
     settings: &Settings,
     client: &HttpClient,
-    upstream: &'static str,
-    direct: &Endpoint,
-    via: &Endpoint,
+    pair: &Pair,
 ) -> Result<MetadataFigures> {
+    let (upstream, direct, via, meters) = (pair.upstream, &pair.direct, &pair.via, &pair.meters);
     eprintln!(
         "[{upstream}] metadata: warm-up, then {} req/s for {:?} per path in {} alternating blocks",
         settings.rate,
@@ -927,6 +1006,7 @@ async fn metadata_phase(
     }
     let (mut direct_samples, mut direct_errors) = (Vec::new(), Vec::new());
     let (mut via_samples, mut via_errors) = (Vec::new(), Vec::new());
+    let (mut direct_cpu_ns, mut sidecar_cpu_ns) = (0, 0);
     for block in 0..settings.blocks {
         let order = if block % 2 == 0 {
             [direct, via]
@@ -934,11 +1014,22 @@ async fn metadata_phase(
             [via, direct]
         };
         for endpoint in order {
-            let (samples, errors) = if std::ptr::eq(endpoint, direct) {
-                (&mut direct_samples, &mut direct_errors)
+            let (samples, errors, meter, cpu) = if std::ptr::eq(endpoint, direct) {
+                (
+                    &mut direct_samples,
+                    &mut direct_errors,
+                    &meters.direct,
+                    &mut direct_cpu_ns,
+                )
             } else {
-                (&mut via_samples, &mut via_errors)
+                (
+                    &mut via_samples,
+                    &mut via_errors,
+                    &meters.sidecar,
+                    &mut sidecar_cpu_ns,
+                )
             };
+            let before = meter.read();
             open_loop(
                 client,
                 endpoint,
@@ -948,24 +1039,26 @@ async fn metadata_phase(
                 errors,
             )
             .await;
+            *cpu += meter.read().saturating_sub(before);
         }
     }
     Ok(MetadataFigures {
         upstream,
         direct: Latencies::new(direct_samples, direct_errors),
         via: Latencies::new(via_samples, via_errors),
+        direct_cpu_ns,
+        sidecar_cpu_ns,
     })
 }
 
 async fn streaming_phase(
     settings: &Settings,
     client: &HttpClient,
-    upstream: &'static str,
+    pair: &Pair,
     size: u64,
-    direct: &Endpoint,
-    via: &Endpoint,
     chunk: &Bytes,
 ) -> Result<Vec<StreamFigures>> {
+    let (upstream, direct, via, meters) = (pair.upstream, &pair.direct, &pair.via, &pair.meters);
     let mut out = Vec::new();
     for direction in [Direction::Upload, Direction::Download] {
         eprintln!(
@@ -980,6 +1073,8 @@ async fn streaming_phase(
             direction,
             direct: Vec::new(),
             via: Vec::new(),
+            direct_cpu_ns: 0,
+            sidecar_cpu_ns: 0,
         };
         for rep in 0..settings.reps {
             let order = if rep % 2 == 0 {
@@ -988,20 +1083,30 @@ async fn streaming_phase(
                 [via, direct]
             };
             for endpoint in order {
+                let is_direct = std::ptr::eq(endpoint, direct);
+                let meter = if is_direct {
+                    &meters.direct
+                } else {
+                    &meters.sidecar
+                };
+                let before = meter.read();
                 let elapsed = match direction {
                     Direction::Upload => upload(client, endpoint, "big", size, chunk).await?,
                     Direction::Download => download(client, endpoint, "big", size).await?,
                 };
+                let cpu = meter.read().saturating_sub(before);
                 let rate = mib_per_s(size, elapsed);
                 eprintln!(
                     "  {} {}: {rate:.0} MiB/s ({elapsed:.2?})",
                     direction.as_str(),
                     endpoint.label
                 );
-                if std::ptr::eq(endpoint, direct) {
+                if is_direct {
                     figures.direct.push(rate);
+                    figures.direct_cpu_ns += cpu;
                 } else {
                     figures.via.push(rate);
+                    figures.sidecar_cpu_ns += cpu;
                 }
             }
         }
@@ -1157,23 +1262,29 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "\n| upstream | added p50 | target ≤ {} | added p99 | target ≤ {} |",
+            "\n| upstream | added p50 | target ≤ {} | added p99 | target ≤ {} | sidecar CPU per request | client + upstream CPU per direct request | ratio |",
             fmt_duration(TARGET_ADDED_P50),
             fmt_duration(TARGET_ADDED_P99)
         );
-        let _ = writeln!(out, "|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
         for m in &self.metadata {
             let (d50, v50) = (m.direct.percentile(50.0), m.via.percentile(50.0));
             let (d99, v99) = (m.direct.percentile(99.0), m.via.percentile(99.0));
             let ok = m.direct.errors.is_empty() && m.via.errors.is_empty();
+            let per_request = |ns: u64, lat: &Latencies| {
+                ns as f64 / 1000.0 / (lat.sorted.len() + lat.errors.len()).max(1) as f64
+            };
+            let sidecar_us = per_request(m.sidecar_cpu_ns, &m.via);
+            let direct_us = per_request(m.direct_cpu_ns, &m.direct);
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {sidecar_us:.0} µs | {direct_us:.0} µs | {:.2}× |",
                 m.upstream,
                 fmt_added(v50, d50),
                 verdict(ok && v50.saturating_sub(d50) <= TARGET_ADDED_P50),
                 fmt_added(v99, d99),
                 verdict(ok && v99.saturating_sub(d99) <= TARGET_ADDED_P99),
+                ratio(sidecar_us, direct_us),
             );
         }
         for m in &self.metadata {
@@ -1191,15 +1302,15 @@ impl Report {
 
         let _ = writeln!(
             out,
-            "\n### Streaming throughput\n\nOne `POST /upload/storage/v1/b/B/o?uploadType=media&name=big` and one `GET /storage/v1/b/B/o/big?alt=media`, {} repetition(s) per path alternating direct and via the sidecar; median MiB/s (range).\n",
+            "\n### Streaming throughput\n\nOne `POST /upload/storage/v1/b/B/o?uploadType=media&name=big` and one `GET /storage/v1/b/B/o/big?alt=media`, {} repetition(s) per path alternating direct and via the sidecar; median MiB/s (range). CPU is the sidecar's (proxied runs) and the client's plus the upstream's (direct runs), per GiB moved.\n",
             s.reps
         );
         let _ = writeln!(
             out,
-            "| upstream | transfer | direct | via sidecar | ratio | target ≥ {:.0} % |",
+            "| upstream | transfer | direct | via sidecar | ratio | target ≥ {:.0} % | sidecar CPU/GiB | client + upstream CPU/GiB (direct) | CPU ratio |",
             TARGET_THROUGHPUT_RATIO * 100.0
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
         for f in &self.streams {
             let (d, v) = (median(&f.direct), median(&f.via));
             let range = |values: &[f64]| {
@@ -1212,9 +1323,15 @@ impl Report {
                 }
             };
             let r = ratio(v, d);
+            let per_gib = |ns: u64, reps: usize| {
+                let gib = (f.size * reps as u64) as f64 / (1u64 << 30) as f64;
+                ns as f64 / 1e6 / gib
+            };
+            let sidecar_ms = per_gib(f.sidecar_cpu_ns, f.via.len());
+            let direct_ms = per_gib(f.direct_cpu_ns, f.direct.len());
             let _ = writeln!(
                 out,
-                "| {} | {} {} MiB | {d:.0} MiB/s{} | {v:.0} MiB/s{} | {:.1} % | {} |",
+                "| {} | {} {} MiB | {d:.0} MiB/s{} | {v:.0} MiB/s{} | {:.1} % | {} | {sidecar_ms:.0} ms | {direct_ms:.0} ms | {:.2}× |",
                 f.upstream,
                 f.direction.as_str(),
                 f.size / MIB,
@@ -1222,6 +1339,7 @@ impl Report {
                 range(&f.via),
                 r * 100.0,
                 verdict(r >= TARGET_THROUGHPUT_RATIO),
+                ratio(sidecar_ms, direct_ms),
             );
         }
 
@@ -1272,6 +1390,59 @@ impl Report {
 
 // ---------------------------------------------------------------------------
 
+/// An upstream for the latency and single-stream runs.
+struct Upstream {
+    name: &'static str,
+    addr: SocketAddr,
+    /// When it is another process.
+    pid: Option<u32>,
+    /// Size of the single-stream transfers.
+    size: u64,
+}
+
+/// The latency and single-stream runs against one upstream, through a
+/// sidecar of their own; returns that sidecar's peak RSS in KiB.
+async fn upstream_runs(
+    settings: &Settings,
+    client: &HttpClient,
+    upstream: Upstream,
+    dir: &Path,
+    chunk: &Bytes,
+    report: &mut Report,
+) -> Result<u64> {
+    let (mut sidecar, sidecar_addr) =
+        start_sidecar(client, upstream.addr, dir, upstream.name).await?;
+    let pair = Pair {
+        upstream: upstream.name,
+        direct: Endpoint {
+            label: "direct",
+            addr: upstream.addr,
+            bucket: PHYSICAL,
+        },
+        via: Endpoint {
+            label: "sidecar",
+            addr: sidecar_addr,
+            bucket: LOGICAL,
+        },
+        meters: Meters {
+            direct: CpuMeter::of(upstream.pid.as_slice(), true),
+            sidecar: CpuMeter::of(&[sidecar.pid()], false),
+        },
+    };
+    if settings.latency {
+        report
+            .metadata
+            .push(metadata_phase(settings, client, &pair).await?);
+    }
+    if settings.streaming {
+        report
+            .streams
+            .extend(streaming_phase(settings, client, &pair, upstream.size, chunk).await?);
+    }
+    sidecar.check_running()?;
+    Ok(memory_kib(sidecar.pid())?.1)
+}
+
 async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Result<Report> {
     let started = Instant::now();
     let client = new_client();
@@ -1300,81 +1471,45 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
         main_sidecar_hwm_kib: None,
         notes: Vec::new(),
     };
-    eprintln!("sidecar binary: {SIDECAR_BIN}");
+    eprintln!("sidecar binary: {}", sidecar_bin().display());
 
     // In-process upstream.
     let upstream = start_in_process_upstream(&settings, &chunk)?;
-    let (mut sidecar, sidecar_addr) = start_sidecar(&client, upstream, dir, "in-process").await?;
-    let direct = Endpoint {
-        label: "direct",
-        addr: upstream,
-        bucket: PHYSICAL,
-    };
-    let via = Endpoint {
-        label: "sidecar",
-        addr: sidecar_addr,
-        bucket: LOGICAL,
-    };
-    report
-        .metadata
-        .push(metadata_phase(&settings, &client, "in-process", &direct, &via).await?);
-    report.streams.extend(
-        streaming_phase(
-            &settings,
-            &client,
-            "in-process",
-            settings.big,
-            &direct,
-            &via,
-            &chunk,
-        )
-        .await?,
-    );
-    sidecar.check_running()?;
-    report.main_sidecar_hwm_kib = Some(memory_kib(sidecar.pid())?.1);
-    drop(sidecar);
+    if settings.latency || settings.streaming {
+        let target = Upstream {
+            name: "in-process",
+            addr: upstream,
+            pid: None,
+            size: settings.big,
+        };
+        let hwm = upstream_runs(&settings, &client, target, dir, &chunk, &mut report).await?;
+        report.main_sidecar_hwm_kib = Some(hwm);
+    }
 
     // fake-gcs-server.
-    match fake_bin {
-        Ok(bin) => {
-            let (mut fake, fake_addr) = start_fake_gcs(&client, &bin, dir).await?;
-            let (mut sidecar, sidecar_addr) =
-                start_sidecar(&client, fake_addr, dir, "fake-gcs").await?;
-            let direct = Endpoint {
-                label: "direct",
-                addr: fake_addr,
-                bucket: PHYSICAL,
-            };
-            let via = Endpoint {
-                label: "sidecar",
-                addr: sidecar_addr,
-                bucket: LOGICAL,
-            };
-            report
-                .metadata
-                .push(metadata_phase(&settings, &client, "fake-gcs-server", &direct, &via).await?);
-            report.streams.extend(
-                streaming_phase(
-                    &settings,
-                    &client,
-                    "fake-gcs-server",
-                    settings.fake_big,
-                    &direct,
-                    &via,
-                    &chunk,
-                )
-                .await?,
-            );
-            sidecar.check_running()?;
-            fake.check_running()?;
+    if settings.latency || settings.streaming {
+        match fake_bin {
+            Ok(bin) => {
+                let (mut fake, fake_addr) = start_fake_gcs(&client, &bin, dir).await?;
+                let target = Upstream {
+                    name: "fake-gcs-server",
+                    addr: fake_addr,
+                    pid: Some(fake.pid()),
+                    size: settings.fake_big,
+                };
+                upstream_runs(&settings, &client, target, dir, &chunk, &mut report).await?;
+                fake.check_running()?;
+            }
+            Err(e) => report.notes.push(format!(
+                "fake-gcs-server unavailable, its figures are missing: {e:#}"
+            )),
         }
-        Err(e) => report.notes.push(format!(
-            "fake-gcs-server unavailable, its figures are missing: {e:#}"
-        )),
     }
 
     // Memory under concurrent streams.
-    report.memory = Some(memory_phase(&settings, &client, upstream, dir, &chunk).await?);
+    if settings.memory {
+        report.memory = Some(memory_phase(&settings, &client, upstream, dir, &chunk).await?);
+    }
 
     report.load_after = loadavg();
     report.elapsed = started.elapsed();

@@ -75,6 +75,8 @@ pub fn sidecar_container(cfg: &InjectionConfig) -> Container {
     Container {
         name: SIDECAR_NAME.to_owned(),
         image: Some(cfg.sidecar_image.clone()),
+        // The image carries both binaries; its entrypoint is the operator.
+        command: Some(vec!["bucketmap-sidecar".to_owned()]),
         args: Some(vec![
             format!("--listen=127.0.0.1:{}", cfg.port),
             format!("--mapping-dir={MAP_MOUNT_PATH}"),
