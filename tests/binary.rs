@@ -4,19 +4,12 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use common::{Fixture, physical};
+use common::{Fixture, free_port, physical};
 
 type TestResult = anyhow::Result<()>;
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 /// A minimal HTTP/1.0 GET; returns (status code, body).
 async fn get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
@@ -44,25 +37,10 @@ async fn operator_command_serves_probes_and_metrics_and_stops_on_sigterm() -> Te
     let f = Fixture::new().await?;
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
-        .args([
-            "operator",
-            "--gcs-anonymous",
-            "--default-project",
-            "bin-project",
-        ])
-        .args(["--gcs-endpoint", &f.mock.endpoint()])
-        .args([
-            "--namespace",
-            &f.ns,
-            "--metrics-addr",
-            &addr,
-            "--bucket-ops-interval",
-            "0s",
-        ])
-        .env("KUBECONFIG", f.env.kubeconfig_path())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
+    let mut child = f
+        .operator_command()
+        .args(["--default-project", "bin-project", "--namespace", &f.ns])
+        .args(["--metrics-addr", &addr])
         .spawn()?;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

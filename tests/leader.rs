@@ -3,23 +3,16 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use common::{Fixture, physical};
+use common::{Fixture, free_port, physical};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 
 type TestResult = anyhow::Result<()>;
 
 const LEASE: &str = "bucketmap-operator";
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 async fn metric(port: u16, name: &str) -> anyhow::Result<f64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,22 +29,13 @@ async fn metric(port: u16, name: &str) -> anyhow::Result<f64> {
 }
 
 fn start(f: &Fixture, identity: &str, port: u16) -> anyhow::Result<tokio::process::Child> {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
-        .args([
-            "operator",
-            "--gcs-anonymous",
-            "--gcs-endpoint",
-            &f.mock.endpoint(),
-        ])
-        .args(["--namespace", &f.ns, "--bucket-ops-interval", "0s"])
+    f.operator_command()
+        .args(["--namespace", &f.ns])
         .args(["--leader-elect", "--leader-election-namespace", &f.ns])
         .args(["--leader-election-identity", identity])
         .args(["--lease-duration", "4s", "--lease-renew-margin", "2s"])
         .args(["--default-project", "leader-project"])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .env("KUBECONFIG", f.env.kubeconfig_path())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .context("cannot start the operator")
 }

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -88,25 +87,12 @@ async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() ->
         ])
         .await?;
     assert!(!can_i.status.success(), "nothing beyond the declared rules");
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
-        .args([
-            "operator",
-            "--gcs-anonymous",
-            "--gcs-endpoint",
-            &f.mock.endpoint(),
-        ])
-        .args([
-            "--leader-elect",
-            "--bucket-ops-interval",
-            "0s",
-            "--default-project",
-            "rbac-project",
-        ])
+    let mut operator = f
+        .operator_command()
+        .args(["--leader-elect", "--default-project", "rbac-project"])
         .args(["--metrics-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", &kubeconfig)
         .env_remove("POD_NAMESPACE")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()?;
 
     f.create("photos", serde_json::json!({"bucketName": "photos"}))

@@ -4,23 +4,16 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use bucketmap::webhook::inject::{INJECT_LABEL, MAP_VOLUME, SIDECAR_NAME};
-use common::Fixture;
+use common::{Fixture, free_port};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 
 type TestResult = anyhow::Result<()>;
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 fn pod(name: &str, labelled: bool) -> anyhow::Result<Pod> {
     let labels = if labelled {
@@ -75,30 +68,18 @@ async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhoo
     }))?;
     webhooks.create(&PostParams::default(), &config).await?;
 
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
-        .args([
-            "operator",
-            "--gcs-anonymous",
-            "--gcs-endpoint",
-            &f.mock.endpoint(),
-        ])
+    let mut operator = f
+        .operator_command()
         .args(["--namespace", &f.ns, "--leader-election-namespace", &f.ns])
+        .args(["--webhook-addr", &format!("127.0.0.1:{port}")])
         .args([
-            "--webhook-addr",
-            &format!("127.0.0.1:{port}"),
             "--webhook-host",
             "127.0.0.1",
-        ])
-        .args([
             "--webhook-config-name",
             &config_name,
-            "--sidecar-image",
-            "example/bucketmap:test",
         ])
+        .args(["--sidecar-image", "example/bucketmap:test"])
         .args(["--metrics-addr", "127.0.0.1:0"])
-        .env("KUBECONFIG", f.env.kubeconfig_path())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()?;
 
     // The operator writes its CA into the configuration.

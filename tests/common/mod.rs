@@ -220,6 +220,24 @@ impl Fixture {
             .collect())
     }
 
+    /// `bucketmap operator` as a child process against this fixture's API
+    /// server and mock GCS (pacing off); callers add their own flags.
+    pub fn operator_command(&self) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"));
+        command
+            .args([
+                "operator",
+                "--gcs-anonymous",
+                "--gcs-endpoint",
+                &self.mock.endpoint(),
+            ])
+            .args(["--bucket-ops-interval", "0s"])
+            .env("KUBECONFIG", self.env.kubeconfig_path())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+
     /// Waits until an event with `reason` was recorded for the Gcs.
     pub async fn wait_event(&self, name: &str, reason: &str) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -288,6 +306,13 @@ impl Drop for Fixture {
             task.abort();
         }
     }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// The physical name recorded in status.
