@@ -10,16 +10,15 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use common::checks::Checks;
 use common::http::{Request, encode, get_slowly};
+use common::mapping_dir::MappingDir;
 use common::procs::Sidecar;
 use common::scenario::{MIB, pseudo_random};
 use common::world::{FORBIDDEN, World};
@@ -28,65 +27,6 @@ const PHOTOS_V1: &str = "photos-k3x9q2mw";
 const PHOTOS_V2: &str = "photos-v2r8s7t6";
 const VIDEOS: &str = "videos-a1b2c3d4";
 const MUSIC: &str = "music-x1y2z3w4";
-
-/// A ConfigMap volume as the kubelet lays it out.
-struct MappingDir {
-    root: PathBuf,
-    generation: u32,
-    current: Option<PathBuf>,
-    keys: Vec<String>,
-}
-
-impl MappingDir {
-    fn new(root: PathBuf, map: &[(&str, &str)]) -> Result<MappingDir> {
-        std::fs::create_dir_all(&root)?;
-        let mut dir = MappingDir {
-            root,
-            generation: 0,
-            current: None,
-            keys: Vec::new(),
-        };
-        dir.publish(map)?;
-        Ok(dir)
-    }
-
-    /// The kubelet's atomic update: new data dir, `..data` swapped with a
-    /// rename, key symlinks added and removed, old data dir deleted.
-    fn publish(&mut self, map: &[(&str, &str)]) -> Result<()> {
-        self.generation += 1;
-        let ts = format!(
-            "..2026_11_29_16_00_{:02}.{:09}",
-            self.generation,
-            100_000_000 + self.generation
-        );
-        let data = self.root.join(&ts);
-        std::fs::create_dir(&data)?;
-        for (key, value) in map {
-            std::fs::write(data.join(key), value)?;
-        }
-        let tmp = self.root.join("..data_tmp");
-        let _ = std::fs::remove_file(&tmp);
-        symlink(&ts, &tmp)?;
-        std::fs::rename(&tmp, self.root.join("..data")).context("swap ..data")?;
-        let new_keys: Vec<String> = map.iter().map(|(k, _)| k.to_string()).collect();
-        for key in &new_keys {
-            let link = self.root.join(key);
-            if std::fs::symlink_metadata(&link).is_err() {
-                symlink(Path::new("..data").join(key), &link)?;
-            }
-        }
-        for key in &self.keys {
-            if !new_keys.contains(key) {
-                std::fs::remove_file(self.root.join(key))?;
-            }
-        }
-        if let Some(old) = self.current.replace(data) {
-            std::fs::remove_dir_all(old)?;
-        }
-        self.keys = new_keys;
-        Ok(())
-    }
-}
 
 /// A read's status and body, or its transport error.
 type ReadResult = Result<(u16, String), String>;

@@ -6,6 +6,7 @@
 
 pub mod checks;
 pub mod http;
+pub mod mapping_dir;
 pub mod procs;
 pub mod report;
 pub mod scenario;
