@@ -56,6 +56,10 @@ pub fn build_client(
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool_idle_timeout)
+        // hyper lets each upstream connection's read buffer grow to ~400 KiB;
+        // with many concurrent streams that dominates the sidecar's memory.
+        // 64 KiB keeps streaming throughput and bounds it (benches/proxy.rs).
+        .http1_max_buf_size(64 * 1024)
         .build(https))
 }
 
