@@ -30,6 +30,8 @@ pub struct DevOptions {
     pub examples: PathBuf,
     pub default_project: String,
     pub exit_when_ready: bool,
+    /// Skip the sidecar and example app (the data plane).
+    pub no_sidecar: bool,
 }
 
 /// Installs (server-side applies) the `Gcs` CRD and waits until it is served.
@@ -226,12 +228,52 @@ pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
         kubeconfig.display()
     );
 
+    // The data plane: the sidecar with one namespace's map, and an app.
+    let demo_target = ready
+        .iter()
+        .find(|g| g.namespace().as_deref() == Some("staging") && g.spec.bucket_name == "photos")
+        .or(ready.first())
+        .map(|g| {
+            let physical = g
+                .status
+                .clone()
+                .unwrap_or_default()
+                .bucket_full_name
+                .unwrap_or_default();
+            (
+                g.namespace().unwrap_or_default(),
+                g.spec.bucket_name.clone(),
+                physical,
+            )
+        });
+    let demo = match (opts.no_sidecar, demo_target) {
+        (false, Some((ns, logical, physical))) => {
+            eprintln!(
+                "starting bucketmap-sidecar for namespace {ns} in front of fake-gcs-server..."
+            );
+            let demo = crate::demo::start(&client, &ns, "bucketmap").await?;
+            let said = demo.run_example_app(&logical, &physical).await?;
+            println!(
+                "  sidecar:    {} (namespace {ns}; point STORAGE_EMULATOR_HOST here)",
+                demo.sidecar_url
+            );
+            println!("  example app (examples/app/photo_app.py): {said}");
+            println!(
+                "    -> found as {physical}/hello.txt in the data plane (fake-gcs-server on {})",
+                demo.data_plane
+            );
+            Some(demo)
+        }
+        _ => None,
+    };
+
     if !opts.exit_when_ready {
         println!("press ctrl-c to stop");
         tokio::signal::ctrl_c()
             .await
             .context("cannot wait for ctrl-c")?;
     }
+    drop(demo);
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), operator).await;
     if let Some(mock) = mock {

@@ -14,6 +14,7 @@ pub mod bench;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
+pub mod demo;
 pub mod dev;
 pub mod gcs;
 pub mod leader;

@@ -157,6 +157,9 @@ struct DevArgs {
     /// Exit once the examples are Ready instead of running until interrupted.
     #[arg(long)]
     exit_when_ready: bool,
+    /// Only the control plane: no sidecar, emulator or example app.
+    #[arg(long)]
+    no_sidecar: bool,
 }
 
 fn operator_config(args: &OperatorArgs) -> OperatorConfig {
@@ -339,6 +342,7 @@ async fn main() -> anyhow::Result<()> {
                 examples: args.examples,
                 default_project: args.default_project,
                 exit_when_ready: args.exit_when_ready,
+                no_sidecar: args.no_sidecar,
             })
             .await
         }

@@ -1,0 +1,290 @@
+//! The data-plane half of `bucketmap dev`: the sidecar in front of a local
+//! GCS emulator, fed with one namespace's bucket map, and an example app
+//! that writes through it with a real client library and the logical name.
+//!
+//! The operator's GCS in `bucketmap dev` is the in-memory gRPC mock (the
+//! control plane); object data needs the JSON/XML APIs, which
+//! fake-gcs-server provides. The demo keeps the two in step: every bucket
+//! in the namespace's map is created in fake-gcs-server too, and the map is
+//! written to files the way the kubelet mounts the ConfigMap.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use tokio::process::{Child, Command};
+
+/// Where the repository's scripts are (this crate's source tree).
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// Runs an install script of the repository and returns its last stdout line.
+async fn install(script: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("bash")
+        .arg(repo_path(script))
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("cannot run {script}"))?;
+    anyhow::ensure!(out.status.success(), "{script} failed ({})", out.status);
+    String::from_utf8(out.stdout)?
+        .lines()
+        .last()
+        .map(str::to_owned)
+        .with_context(|| format!("{script} printed nothing"))
+}
+
+/// A minimal HTTP/1.0 request on loopback; returns (status, body).
+pub async fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no HTTP status from {addr}"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn wait_http(addr: &str, path: &str, what: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok((200, _)) = http(addr, "GET", path, "").await {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{what} did not come up on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The running data plane of the demo.
+pub struct Demo {
+    _fake_gcs: Child,
+    _sidecar: Child,
+    sync: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+    /// Where applications point `STORAGE_EMULATOR_HOST`.
+    pub sidecar_url: String,
+    /// fake-gcs-server's address (host:port).
+    pub data_plane: String,
+    pub namespace: String,
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        self.sync.abort();
+    }
+}
+
+/// Writes the map as a mounted ConfigMap and creates its buckets in the
+/// data plane. Returns the map.
+async fn sync_once(
+    client: &kube::Client,
+    namespace: &str,
+    map_name: &str,
+    dir: &Path,
+    data_plane: &str,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let map = api
+        .get_opt(map_name)
+        .await?
+        .and_then(|c| c.data)
+        .unwrap_or_default();
+    for (logical, physical) in &map {
+        // 409 when it exists already: fine.
+        let body = serde_json::json!({ "name": physical }).to_string();
+        http(
+            data_plane,
+            "POST",
+            "/storage/v1/b?project=bucketmap-dev",
+            &body,
+        )
+        .await?;
+        let tmp = dir.join(format!(".{logical}.tmp"));
+        std::fs::write(&tmp, physical)?;
+        std::fs::rename(&tmp, dir.join(logical))?;
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && !map.contains_key(&name) {
+            std::fs::remove_file(dir.join(&name))?;
+        }
+    }
+    Ok(map)
+}
+
+/// Starts fake-gcs-server and the sidecar for `namespace`, and keeps the
+/// sidecar's map in step with the namespace's ConfigMap.
+pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> anyhow::Result<Demo> {
+    let fake_bin = install("tools/fake-gcs-server/install.sh", &[]).await?;
+    let port = free_port()?;
+    let data_plane = format!("127.0.0.1:{port}");
+    let fake_gcs = Command::new(&fake_bin)
+        .args([
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-backend",
+            "memory",
+        ])
+        .args(["-port", &port.to_string(), "-public-host", &data_plane])
+        .args([
+            "-external-url",
+            &format!("http://{data_plane}"),
+            "-log-level",
+            "error",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start fake-gcs-server")?;
+    wait_http(&data_plane, "/_internal/healthcheck", "fake-gcs-server").await?;
+
+    let dir = tempfile::Builder::new()
+        .prefix("bucketmap-dev-map-")
+        .tempdir()?;
+    sync_once(client, namespace, map_name, dir.path(), &data_plane).await?;
+    let sync = {
+        let (client, namespace, map_name) =
+            (client.clone(), namespace.to_owned(), map_name.to_owned());
+        let (dir, data_plane) = (dir.path().to_owned(), data_plane.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Err(e) = sync_once(&client, &namespace, &map_name, &dir, &data_plane).await {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot sync the demo's bucket map");
+                }
+            }
+        })
+    };
+
+    let sidecar_bin = sidecar_binary().await?;
+    let sidecar_addr = format!("127.0.0.1:{}", free_port()?);
+    let sidecar = Command::new(&sidecar_bin)
+        .args([
+            "--listen",
+            &sidecar_addr,
+            "--upstream",
+            &format!("http://{data_plane}"),
+            "--no-auth",
+        ])
+        .arg("--mapping-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
+    wait_http(&sidecar_addr, "/_bucketmap/readyz", "bucketmap-sidecar").await?;
+    Ok(Demo {
+        _fake_gcs: fake_gcs,
+        _sidecar: sidecar,
+        sync,
+        _dir: dir,
+        sidecar_url: format!("http://{sidecar_addr}"),
+        data_plane,
+        namespace: namespace.to_owned(),
+    })
+}
+
+/// The `bucketmap-sidecar` binary next to this one, built if missing.
+async fn sidecar_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find this binary")?;
+    let sibling = exe.with_file_name("bucketmap-sidecar");
+    if !sibling.exists() {
+        let profile = exe
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|p| p.to_str())
+            == Some("release");
+        let mut build = Command::new("cargo");
+        build.args([
+            "build",
+            "--quiet",
+            "-p",
+            "bucketmap-sidecar",
+            "--bin",
+            "bucketmap-sidecar",
+        ]);
+        if profile {
+            build.arg("--release");
+        }
+        let status = build
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .await
+            .context("cannot run cargo to build bucketmap-sidecar")?;
+        anyhow::ensure!(status.success(), "building bucketmap-sidecar failed");
+    }
+    Ok(sibling)
+}
+
+impl Demo {
+    /// Runs `examples/app/photo_app.py` (the Python client, logical name
+    /// `logical`) through the sidecar, then reads the object back from the
+    /// physical bucket in the data plane. Returns the app's output.
+    pub async fn run_example_app(&self, logical: &str, physical: &str) -> anyhow::Result<String> {
+        let python = install("sidecar/tests/clients/install.sh", &["python"]).await?;
+        let python = python.strip_prefix("python=").unwrap_or(&python).to_owned();
+        let out = Command::new(python)
+            .arg(repo_path("examples/app/photo_app.py"))
+            .arg(logical)
+            .env("STORAGE_EMULATOR_HOST", &self.sidecar_url)
+            .output()
+            .await
+            .context("cannot run the example app")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "the example app failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (status, body) = http(
+            &self.data_plane,
+            "GET",
+            &format!("/storage/v1/b/{physical}/o/hello.txt?alt=media"),
+            "",
+        )
+        .await?;
+        anyhow::ensure!(
+            status == 200,
+            "hello.txt is not in the physical bucket {physical} ({status}): {body}"
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+}
