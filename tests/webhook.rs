@@ -1,6 +1,7 @@
 //! The pod injection webhook, called by the real API server: the operator
 //! serves it over TLS with a certificate it generated, and keeps the
-//! configuration's caBundle current.
+//! configuration's caBundle current; or with a certificate from files, as a
+//! cert-manager Secret mount provides it.
 
 mod common;
 
@@ -40,18 +41,22 @@ fn sidecars(p: &Pod) -> usize {
     .unwrap_or(0)
 }
 
-#[tokio::test]
-async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhook_is_down()
--> TestResult {
-    let f = Fixture::new().await?;
+/// A `default` ServiceAccount (no controller-manager makes one here) and a
+/// MutatingWebhookConfiguration calling `https://127.0.0.1:port`, limited to
+/// the fixture's namespace. Returns the configuration's name.
+async fn prepare(f: &Fixture, port: u16, ca_bundle: Option<&str>) -> anyhow::Result<String> {
     let sas: Api<ServiceAccount> = Api::namespaced(f.client.clone(), &f.ns);
     let sa: ServiceAccount =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}}))?;
     sas.create(&PostParams::default(), &sa).await?;
-
-    let port = free_port()?;
     let config_name = format!("bucketmap-{}", f.ns);
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(f.client.clone());
+    let mut client_config =
+        serde_json::json!({"url": format!("https://127.0.0.1:{port}/mutate-pods")});
+    if let Some(ca) = ca_bundle {
+        use base64::Engine as _;
+        client_config["caBundle"] = base64::engine::general_purpose::STANDARD.encode(ca).into();
+    }
     let config: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
         "metadata": {"name": config_name},
         "webhooks": [{
@@ -60,13 +65,72 @@ async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhoo
             "sideEffects": "None",
             "failurePolicy": "Fail",
             "timeoutSeconds": 5,
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate-pods")},
+            "clientConfig": client_config,
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
             "objectSelector": {"matchLabels": {INJECT_LABEL: "true"}},
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": f.ns}},
         }],
     }))?;
     webhooks.create(&PostParams::default(), &config).await?;
+    Ok(config_name)
+}
+
+/// Creates a labelled pod, retrying while the webhook is not reachable yet.
+async fn create_labelled(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match pods.create(&PostParams::default(), &pod(name, true)?).await {
+            Ok(p) => return Ok(p),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "webhook not reachable yet");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(e).context("labelled pod never admitted"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_from_files_serves_the_webhook_as_cert_manager_would_mount_it() -> TestResult
+{
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let f = Fixture::new().await?;
+    let mut ca_params = CertificateParams::default();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])?.signed_by(&key, &ca)?;
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("tls.crt"), cert.pem())?;
+    std::fs::write(dir.path().join("tls.key"), key.serialize_pem())?;
+
+    let port = free_port()?;
+    prepare(&f, port, Some(&ca.pem())).await?;
+    let _operator = f
+        .operator_command()
+        .args([
+            "--namespace",
+            &f.ns,
+            "--webhook-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--webhook-cert-dir")
+        .arg(dir.path())
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .spawn()?;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
+    let injected = create_labelled(&pods, "labelled").await?;
+    assert_eq!(sidecars(&injected), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhook_is_down()
+-> TestResult {
+    let f = Fixture::new().await?;
+    let port = free_port()?;
+    let config_name = prepare(&f, port, None).await?;
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(f.client.clone());
 
     let mut operator = f
         .operator_command()
@@ -101,20 +165,7 @@ async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhoo
     }
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
     // The server may need a moment after the caBundle to accept handshakes.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let injected = loop {
-        match pods
-            .create(&PostParams::default(), &pod("labelled", true)?)
-            .await
-        {
-            Ok(p) => break p,
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::info!(error = %e, "webhook not reachable yet");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            Err(e) => return Err(e).context("labelled pod never admitted"),
-        }
-    };
+    let injected = create_labelled(&pods, "labelled").await?;
     let spec = injected.spec.clone().context("spec")?;
     let init = spec.init_containers.clone().unwrap_or_default();
     assert_eq!(init.first().map(|c| c.name.as_str()), Some(SIDECAR_NAME));
