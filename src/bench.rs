@@ -31,7 +31,7 @@ pub struct BenchArgs {
 
 struct Operator {
     child: tokio::process::Child,
-    metrics_url: String,
+    metrics_addr: String,
 }
 
 impl Operator {
@@ -42,7 +42,7 @@ impl Operator {
         resync: Duration,
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("cannot find the bucketmap binary")?;
-        let port = free_port()?;
+        let port = crate::demo::free_port()?;
         let child = tokio::process::Command::new(exe)
             .args([
                 "operator",
@@ -63,7 +63,7 @@ impl Operator {
             .context("cannot start the operator process")?;
         Ok(Operator {
             child,
-            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            metrics_addr: format!("127.0.0.1:{port}"),
         })
     }
 
@@ -81,7 +81,7 @@ impl Operator {
     }
 
     async fn reconciles(&self) -> anyhow::Result<f64> {
-        let text = http_get(&self.metrics_url).await?;
+        let (_, text) = crate::demo::http(&self.metrics_addr, "GET", "/metrics", "").await?;
         Ok(text
             .lines()
             .find(|l| l.starts_with("bucketmap_reconciles_total "))
@@ -104,25 +104,6 @@ fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .with_context(|| format!("no {field} in /proc/{pid}/status"))
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-async fn http_get(url: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.strip_prefix("http://").context("http URL expected")?;
-    let (host, path) = rest.split_once('/').context("URL without path")?;
-    let mut stream = tokio::net::TcpStream::connect(host).await?;
-    stream
-        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
-        .await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body)
 }
 
 async fn wait_until(
@@ -200,7 +181,11 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let api: Api<Gcs> = Api::namespaced(client.clone(), &ns);
         let operator = Operator::start(&env, &mock.endpoint(), &ns, args.resync).await?;
         wait_until(Duration::from_secs(60), "operator metrics", async || {
-            Ok(http_get(&operator.metrics_url).await.is_ok())
+            Ok(
+                crate::demo::http(&operator.metrics_addr, "GET", "/metrics", "")
+                    .await
+                    .is_ok(),
+            )
         })
         .await?;
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -70,7 +70,8 @@ pub async fn http(
     Ok((status, body))
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
