@@ -11,25 +11,9 @@ use common::{Fixture, free_port, physical};
 
 type TestResult = anyhow::Result<()>;
 
-/// A minimal HTTP/1.0 GET; returns (status code, body).
+/// GET on the operator's metrics and probes listener.
 async fn get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("no status in {response:?}"))?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
+    bucketmap::demo::http(addr, "GET", path, "").await
 }
 
 #[tokio::test]

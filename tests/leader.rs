@@ -15,11 +15,8 @@ type TestResult = anyhow::Result<()>;
 const LEASE: &str = "bucketmap-operator";
 
 async fn metric(port: u16, name: &str) -> anyhow::Result<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
+    let addr = format!("127.0.0.1:{port}");
+    let (_, text) = bucketmap::demo::http(&addr, "GET", "/metrics", "").await?;
     Ok(text
         .lines()
         .find(|l| l.starts_with(name))
