@@ -340,21 +340,8 @@ pub fn local_response(plan: &Plan) -> Response<ProxyBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rewrite::Direction;
     use crate::rewrite::testing::*;
-    use crate::rewrite::{Direction, LinkBase};
-
-    fn translator<'a>(
-        m: &'a crate::mapping::Mapping,
-        links: &'a LinkBase,
-        direction: Direction,
-    ) -> Translator<'a> {
-        Translator {
-            mapping: m,
-            direction,
-            allow_physical: false,
-            links,
-        }
-    }
 
     /// What the Python client sends: LF line ends, absolute URLs.
     const PYTHON_BATCH: &str = "--===1==\nContent-Type: application/http\nContent-Transfer-Encoding: binary\nContent-ID: <a+1>\n\n\

@@ -249,22 +249,9 @@ fn rewrite_error(error: &mut Map<String, Value>, tr: &Translator<'_>) {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use super::super::{LinkBase, Translator};
+
     use super::*;
     use serde_json::json;
-
-    fn tr<'a>(
-        m: &'a crate::mapping::Mapping,
-        links: &'a LinkBase,
-        direction: Direction,
-    ) -> Translator<'a> {
-        Translator {
-            mapping: m,
-            direction,
-            allow_physical: false,
-            links,
-        }
-    }
 
     #[test]
     fn object_response_fields() {
@@ -282,7 +269,7 @@ mod tests {
         rewrite_document(
             &mut doc,
             Resource::Object,
-            &tr(&m, &links, Direction::ToLogical),
+            &translator(&m, &links, Direction::ToLogical),
         )
         .expect("rewrites");
         assert_eq!(doc["bucket"], "photos");
@@ -321,7 +308,7 @@ mod tests {
         rewrite_document(
             &mut doc,
             Resource::Buckets,
-            &tr(&m, &links, Direction::ToLogical),
+            &translator(&m, &links, Direction::ToLogical),
         )
         .expect("rewrites");
         assert_eq!(doc["items"].as_array().map(Vec::len), Some(1));
@@ -334,7 +321,7 @@ mod tests {
     #[test]
     fn request_bodies_are_translated_strictly() {
         let (m, links) = (mapping(), upstream_base());
-        let t = tr(&m, &links, Direction::ToPhysical);
+        let t = translator(&m, &links, Direction::ToPhysical);
         let mut compose = json!({"destination": {"bucket": "photos", "name": "x", "contentType": "a/b"}, "sourceObjects": [{"name": "photos"}]});
         rewrite_document(&mut compose, Resource::ComposeRequest, &t).expect("rewrites");
         assert_eq!(compose["destination"]["bucket"], "photos-k3x9q2mw");
@@ -363,7 +350,7 @@ mod tests {
         rewrite_document(
             &mut doc,
             Resource::Object,
-            &tr(&m, &links, Direction::ToLogical),
+            &translator(&m, &links, Direction::ToLogical),
         )
         .expect("rewrites");
         assert_eq!(doc["error"]["message"], "No such object: photos/a");
@@ -376,7 +363,7 @@ mod tests {
     #[test]
     fn non_json_and_empty_bodies_are_left_alone() {
         let (m, links) = (mapping(), sidecar_base());
-        let t = tr(&m, &links, Direction::ToLogical);
+        let t = translator(&m, &links, Direction::ToLogical);
         assert_eq!(
             rewrite_json_bytes(b"", Resource::Object, &t).ok(),
             Some(None)

@@ -111,6 +111,20 @@ pub(crate) mod testing {
         }
     }
 
+    /// A strict translator (physical names refused) in `direction`.
+    pub fn translator<'a>(
+        mapping: &'a Mapping,
+        links: &'a LinkBase,
+        direction: Direction,
+    ) -> Translator<'a> {
+        Translator {
+            mapping,
+            direction,
+            allow_physical: false,
+            links,
+        }
+    }
+
     pub fn upstream_base() -> LinkBase {
         LinkBase {
             scheme: "https".into(),

@@ -12,7 +12,7 @@ use super::json::rewrite_document;
 use super::testing::*;
 use super::text::replace_bucket_tokens;
 use super::xml::rewrite_xml;
-use super::{Direction, Translator, request_bucket};
+use super::{Direction, request_bucket};
 use crate::route::{Resource, replace_slots, route};
 
 const PHYSICAL: &str = "photos-k3x9q2mw";
@@ -71,7 +71,7 @@ proptest! {
 
         // Response: the app sees its own request again.
         let links = sidecar_base();
-        let tr = Translator { mapping: &m, direction: Direction::ToLogical, allow_physical: false, links: &links };
+        let tr = translator(&m, &links, Direction::ToLogical);
         let mut doc = upstream_object(PHYSICAL, &name);
         rewrite_document(&mut doc, Resource::Object, &tr).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(&doc["bucket"], "photos");
@@ -97,7 +97,7 @@ proptest! {
     fn physical_names_never_leak_outside_app_data(name in object_name()) {
         let m = mapping();
         let links = sidecar_base();
-        let tr = Translator { mapping: &m, direction: Direction::ToLogical, allow_physical: false, links: &links };
+        let tr = translator(&m, &links, Direction::ToLogical);
         let mut list = json!({"kind": "storage#objects", "items": [upstream_object(PHYSICAL, &name), upstream_object("logs-aaaa1111", &name)]});
         rewrite_document(&mut list, Resource::Objects, &tr).map_err(|e| TestCaseError::fail(e.to_string()))?;
         // Remove what is the app's own data (object names, custom metadata), then look for leaks.
@@ -139,7 +139,7 @@ proptest! {
     fn xml_keys_survive_and_the_bucket_is_logical(name in object_name()) {
         let m = mapping();
         let links = sidecar_base();
-        let tr = Translator { mapping: &m, direction: Direction::ToLogical, allow_physical: false, links: &links };
+        let tr = translator(&m, &links, Direction::ToLogical);
         let key = quick_xml::escape::escape(name.as_str()).into_owned();
         let doc = format!("<ListBucketResult><Name>{PHYSICAL}</Name><Prefix>{key}</Prefix><Contents><Key>{key}</Key></Contents></ListBucketResult>");
         let out = rewrite_xml(doc.as_bytes(), &tr).map_err(|e| TestCaseError::fail(e.to_string()))?;

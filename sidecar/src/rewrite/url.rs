@@ -92,12 +92,7 @@ mod tests {
     use super::*;
 
     fn to_logical<'a>(m: &'a crate::mapping::Mapping, links: &'a LinkBase) -> Translator<'a> {
-        Translator {
-            mapping: m,
-            direction: Direction::ToLogical,
-            allow_physical: false,
-            links,
-        }
+        translator(m, links, Direction::ToLogical)
     }
 
     #[test]
@@ -169,12 +164,7 @@ mod tests {
     fn request_links_go_to_the_upstream_with_physical_names() {
         let m = mapping();
         let links = upstream_base();
-        let tr = Translator {
-            mapping: &m,
-            direction: Direction::ToPhysical,
-            allow_physical: false,
-            links: &links,
-        };
+        let tr = translator(&m, &links, Direction::ToPhysical);
         assert_eq!(
             rewrite_url("http://127.0.0.1:9023/storage/v1/b/photos/o/x", &tr).as_deref(),
             Some("https://storage.googleapis.com/storage/v1/b/photos-k3x9q2mw/o/x")
@@ -185,12 +175,7 @@ mod tests {
     fn copy_source_is_translated_strictly() {
         let m = mapping();
         let links = upstream_base();
-        let tr = Translator {
-            mapping: &m,
-            direction: Direction::ToPhysical,
-            allow_physical: false,
-            links: &links,
-        };
+        let tr = translator(&m, &links, Direction::ToPhysical);
         assert_eq!(
             rewrite_copy_source("/photos/a%2Fb?generation=2", &tr)
                 .ok()

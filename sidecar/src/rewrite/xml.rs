@@ -213,8 +213,8 @@ pub fn rewrite_xml(input: &[u8], tr: &Translator<'_>) -> Result<Option<Vec<u8>>,
 
 #[cfg(test)]
 mod tests {
+    use super::super::LinkBase;
     use super::super::testing::*;
-    use super::super::{LinkBase, Translator};
     use super::*;
 
     fn run(
@@ -223,12 +223,7 @@ mod tests {
         direction: Direction,
     ) -> Result<Option<String>, ApiError> {
         let m = mapping();
-        let tr = Translator {
-            mapping: &m,
-            direction,
-            allow_physical: false,
-            links,
-        };
+        let tr = translator(&m, links, direction);
         Ok(rewrite_xml(input.as_bytes(), &tr)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
