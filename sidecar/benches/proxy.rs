@@ -487,6 +487,85 @@ async fn start_sidecar(
     Err(last.unwrap_or_else(|| anyhow!("the sidecar did not start")))
 }
 
+/// Environment variable that turns this bench binary into the TCP relay:
+/// `LISTEN_ADDR,UPSTREAM_ADDR`.
+const RELAY_ENV: &str = "BUCKETMAP_BENCH_RELAY";
+/// Copy buffer of the relay, each way: the sidecar's read buffers are
+/// bounded at 64 KiB too.
+const RELAY_BUFFER: usize = 64 * 1024;
+
+/// The relay process: each accepted connection is joined to a new one to
+/// the upstream and bytes are copied both ways, with no HTTP at all. It pays
+/// what any user-space proxy pays on this machine (one more process, two
+/// more sockets, their wake-ups and copies) and nothing else, so it is the
+/// floor against which the sidecar's own cost shows.
+fn relay_main(spec: &str) -> std::process::ExitCode {
+    let parsed = spec.split_once(',').and_then(|(listen, upstream)| {
+        Some((
+            listen.parse::<SocketAddr>().ok()?,
+            upstream.parse::<SocketAddr>().ok()?,
+        ))
+    });
+    let Some((listen, upstream)) = parsed else {
+        eprintln!("relay: {RELAY_ENV} must be LISTEN_ADDR,UPSTREAM_ADDR, not {spec:?}");
+        return std::process::ExitCode::FAILURE;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("relay runtime");
+    let served = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        loop {
+            let (mut inbound, _) = listener.accept().await?;
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = inbound.set_nodelay(true);
+                let _ = outbound.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional_with_sizes(
+                    &mut inbound,
+                    &mut outbound,
+                    RELAY_BUFFER,
+                    RELAY_BUFFER,
+                )
+                .await;
+            });
+        }
+        #[allow(unreachable_code)]
+        std::io::Result::Ok(())
+    });
+    if let Err(e) = served {
+        eprintln!("relay on {listen}: {e}");
+    }
+    std::process::ExitCode::FAILURE
+}
+
+/// Starts the relay (this binary again) in front of `upstream`.
+async fn start_relay(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+    tag: &str,
+) -> Result<(Proc, SocketAddr)> {
+    let exe = std::env::current_exe().context("cannot find the bench binary")?;
+    let mut last = None;
+    for attempt in 0..3 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let mut cmd = Command::new(&exe);
+        cmd.env(RELAY_ENV, format!("{addr},{upstream}"));
+        let log = dir.join(format!("relay-{tag}-{attempt}.log"));
+        let mut proc = Proc::spawn("relay", &mut cmd, log)?;
+        let probe = format!("/storage/v1/b/{PHYSICAL}/o/x");
+        match wait_ready(client, &mut proc, addr, &probe).await {
+            Ok(()) => return Ok((proc, addr)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow!("the relay did not start")))
+}
+
 /// The fake-gcs-server binary from the repository's install script.
 fn fake_gcs_server_bin() -> Result<PathBuf> {
     if let Some(bin) = std::env::var_os("FAKE_GCS_SERVER_BIN") {
@@ -599,12 +678,12 @@ impl CpuMeter {
     }
 }
 
-/// CPU meters for one upstream: `direct` measures the client and upstream
-/// during direct runs, `sidecar` the sidecar during proxied runs.
-struct Meters {
-    direct: CpuMeter,
-    sidecar: CpuMeter,
-}
+/// The ways a request goes, in the order of every per-path array: straight
+/// to the upstream, through the TCP relay, through the sidecar.
+const PATHS: [&str; 3] = ["direct", "via TCP relay", "via sidecar"];
+const DIRECT: usize = 0;
+const RELAY: usize = 1;
+const SIDECAR: usize = 2;
 
 /// `VmRSS` and `VmHWM` of a process, in KiB.
 fn memory_kib(pid: u32) -> Result<(u64, u64)> {
@@ -914,25 +993,21 @@ const PERCENTILES: [(&str, f64); 4] =
 
 struct MetadataFigures {
     upstream: &'static str,
-    direct: Latencies,
-    via: Latencies,
-    /// CPU ns of client + upstream during the direct blocks.
-    direct_cpu_ns: u64,
-    /// CPU ns of the sidecar during the proxied blocks.
-    sidecar_cpu_ns: u64,
+    /// Per path (see [`PATHS`]).
+    latencies: [Latencies; 3],
+    /// CPU ns per path during its blocks: client + upstream (direct), the
+    /// relay, the sidecar.
+    cpu_ns: [u64; 3],
 }
 
 struct StreamFigures {
     upstream: &'static str,
     size: u64,
     direction: Direction,
-    /// MiB/s per repetition.
-    direct: Vec<f64>,
-    via: Vec<f64>,
-    /// CPU ns of client + upstream over all direct repetitions.
-    direct_cpu_ns: u64,
-    /// CPU ns of the sidecar over all proxied repetitions.
-    sidecar_cpu_ns: u64,
+    /// MiB/s per repetition, per path.
+    rates: [Vec<f64>; 3],
+    /// CPU ns per path over its repetitions, as in [`MetadataFigures`].
+    cpu_ns: [u64; 3],
 }
 
 struct MemoryFigures {
@@ -994,27 +1069,28 @@ fn mib(kib: u64) -> String {
 // ---------------------------------------------------------------------------
 // Phases
 
-/// One upstream, reached directly and through its sidecar.
-struct Pair {
+/// One upstream, reached directly, through the relay and through its sidecar.
+struct Paths {
     upstream: &'static str,
-    direct: Endpoint,
-    via: Endpoint,
-    meters: Meters,
+    /// Per path (see [`PATHS`]).
+    endpoints: [Endpoint; 3],
+    /// What each path's CPU is: client + upstream, the relay, the sidecar.
+    meters: [CpuMeter; 3],
 }
 
 async fn metadata_phase(
     settings: &Settings,
     client: &HttpClient,
-    pair: &Pair,
+    paths: &Paths,
 ) -> Result<MetadataFigures> {
-    let (upstream, direct, via, meters) = (pair.upstream, &pair.direct, &pair.via, &pair.meters);
+    let upstream = paths.upstream;
     eprintln!(
-        "[{upstream}] metadata: warm-up, then {} req/s for {:?} per path in {} alternating blocks",
+        "[{upstream}] metadata: warm-up, then {} req/s for {:?} per path in {} blocks per path",
         settings.rate,
         settings.per_path(),
         settings.blocks
     );
-    for endpoint in [direct, via] {
+    for endpoint in &paths.endpoints {
         for _ in 0..settings.warmup {
             let (_, body) = get_metadata(client, endpoint.metadata())
                 .await
@@ -1022,16 +1098,16 @@ async fn metadata_phase(
             check_bucket_field(&body, endpoint.bucket)?;
         }
     }
-    let mut runs = [PathRun::default(), PathRun::default()];
-    for block in 0..settings.blocks {
-        let order = if block % 2 == 0 { [0, 1] } else { [1, 0] };
-        for index in order {
-            let (endpoint, meter) = if index == 0 {
-                (direct, &meters.direct)
-            } else {
-                (via, &meters.sidecar)
-            };
-            let run = &mut runs[index];
+    let mut runs: [PathRun; 3] = Default::default();
+    for block in 0..settings.blocks as usize {
+        // The order turns each block, so that no path always follows the same one.
+        for turn in 0..PATHS.len() {
+            let index = (block + turn) % PATHS.len();
+            let (endpoint, meter, run) = (
+                &paths.endpoints[index],
+                &paths.meters[index],
+                &mut runs[index],
+            );
             let before = meter.read();
             let first = run.samples.len();
             open_loop(
@@ -1048,13 +1124,11 @@ async fn metadata_phase(
             run.block_p99.push(block.percentile(99.0));
         }
     }
-    let [direct_run, via_run] = runs;
+    let cpu_ns = [runs[0].cpu_ns, runs[1].cpu_ns, runs[2].cpu_ns];
     Ok(MetadataFigures {
         upstream,
-        direct_cpu_ns: direct_run.cpu_ns,
-        sidecar_cpu_ns: via_run.cpu_ns,
-        direct: direct_run.into_latencies(),
-        via: via_run.into_latencies(),
+        latencies: runs.map(PathRun::into_latencies),
+        cpu_ns,
     })
 }
 
@@ -1076,11 +1150,11 @@ impl PathRun {
 async fn streaming_phase(
     settings: &Settings,
     client: &HttpClient,
-    pair: &Pair,
+    paths: &Paths,
     size: u64,
     chunk: &Bytes,
 ) -> Result<Vec<StreamFigures>> {
-    let (upstream, direct, via, meters) = (pair.upstream, &pair.direct, &pair.via, &pair.meters);
+    let upstream = paths.upstream;
     let mut out = Vec::new();
     for direction in [Direction::Upload, Direction::Download] {
         eprintln!(
@@ -1093,43 +1167,26 @@ async fn streaming_phase(
             upstream,
             size,
             direction,
-            direct: Vec::new(),
-            via: Vec::new(),
-            direct_cpu_ns: 0,
-            sidecar_cpu_ns: 0,
+            rates: Default::default(),
+            cpu_ns: [0; 3],
         };
-        for rep in 0..settings.reps {
-            let order = if rep % 2 == 0 {
-                [direct, via]
-            } else {
-                [via, direct]
-            };
-            for endpoint in order {
-                let is_direct = std::ptr::eq(endpoint, direct);
-                let meter = if is_direct {
-                    &meters.direct
-                } else {
-                    &meters.sidecar
-                };
+        for rep in 0..settings.reps as usize {
+            for turn in 0..PATHS.len() {
+                let index = (rep + turn) % PATHS.len();
+                let (endpoint, meter) = (&paths.endpoints[index], &paths.meters[index]);
                 let before = meter.read();
                 let elapsed = match direction {
                     Direction::Upload => upload(client, endpoint, "big", size, chunk).await?,
                     Direction::Download => download(client, endpoint, "big", size).await?,
                 };
-                let cpu = meter.read().saturating_sub(before);
+                figures.cpu_ns[index] += meter.read().saturating_sub(before);
                 let rate = mib_per_s(size, elapsed);
                 eprintln!(
                     "  {} {}: {rate:.0} MiB/s ({elapsed:.2?})",
                     direction.as_str(),
                     endpoint.label
                 );
-                if is_direct {
-                    figures.direct.push(rate);
-                    figures.direct_cpu_ns += cpu;
-                } else {
-                    figures.via.push(rate);
-                    figures.sidecar_cpu_ns += cpu;
-                }
+                figures.rates[index].push(rate);
             }
         }
         out.push(figures);
@@ -1246,10 +1303,10 @@ impl Report {
         if !self.metadata.is_empty() {
             let _ = writeln!(
                 out,
-                "### Metadata latency\n\n`GET /storage/v1/b/B/o/x` (JSON object resource), open loop at {} req/s, {:?} per path in {} blocks of {:?} alternating direct and via the sidecar. Ratios are via-sidecar / direct. Added latency is the via-sidecar percentile minus the direct one; \"median block p99\" compares the median of the blocks' p99s, which one stall of the machine sways less. CPU is the sidecar's during the proxied blocks and the client's plus the upstream's during the direct ones, per request.\n",
+                "### Metadata latency\n\n`GET /storage/v1/b/B/o/x` (JSON object resource), open loop at {} req/s, {:?} per path in {} blocks of {:?}, the three paths taking turns. Ratios are against direct. Added latency is a path's percentile minus the direct one; \"median block p99\" compares the median of the blocks' p99s, which one stall of the machine sways less. The TCP relay is the floor of any user-space proxy here (one more process and two more sockets, no HTTP): \"sidecar beyond relay\" is what the sidecar's own work adds. CPU per request is the client's plus the upstream's (direct), the relay's or the sidecar's, each during its own blocks.\n",
                 s.rate,
                 s.per_path(),
-                s.blocks * 2,
+                s.blocks as usize * PATHS.len(),
                 s.block
             );
             let _ = writeln!(
@@ -1258,7 +1315,8 @@ impl Report {
             );
             let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
             for m in &self.metadata {
-                for (label, lat) in [("direct", &m.direct), ("via sidecar", &m.via)] {
+                let direct = &m.latencies[DIRECT];
+                for (label, lat) in PATHS.iter().zip(&m.latencies) {
                     let mut row = format!(
                         "| {} | {label} | {} | {} |",
                         m.upstream,
@@ -1267,10 +1325,10 @@ impl Report {
                     );
                     for (_, p) in PERCENTILES {
                         let value = lat.percentile(p);
-                        if label == "direct" {
+                        if std::ptr::eq(lat, direct) {
                             let _ = write!(row, " {} |", fmt_duration(value));
                         } else {
-                            let base = m.direct.percentile(p);
+                            let base = direct.percentile(p);
                             let _ = write!(
                                 row,
                                 " {} ({:.2}×) |",
@@ -1285,34 +1343,41 @@ impl Report {
             }
             let _ = writeln!(
                 out,
-                "\n| upstream | added p50 | target ≤ {} | added p99 | target ≤ {} | added median block p99 | sidecar CPU per request | client + upstream CPU per direct request | ratio |",
+                "\n| upstream | relay added p50 | sidecar added p50 | target ≤ {} | sidecar beyond relay p50 | relay added p99 | sidecar added p99 | target ≤ {} | sidecar added median block p99 | CPU per request: client + upstream / relay / sidecar |",
                 fmt_duration(TARGET_ADDED_P50),
                 fmt_duration(TARGET_ADDED_P99)
             );
-            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
             for m in &self.metadata {
-                let (d50, v50) = (m.direct.percentile(50.0), m.via.percentile(50.0));
-                let (d99, v99) = (m.direct.percentile(99.0), m.via.percentile(99.0));
-                let ok = m.direct.errors.is_empty() && m.via.errors.is_empty();
-                let per_request = |ns: u64, lat: &Latencies| {
-                    ns as f64 / 1000.0 / (lat.sorted.len() + lat.errors.len()).max(1) as f64
-                };
-                let sidecar_us = per_request(m.sidecar_cpu_ns, &m.via);
-                let direct_us = per_request(m.direct_cpu_ns, &m.direct);
+                let [direct, relay, via] = &m.latencies;
+                let p = |lat: &Latencies, q: f64| lat.percentile(q);
+                let ok = m.latencies.iter().all(|l| l.errors.is_empty());
+                let cpu_us: Vec<String> = m
+                    .cpu_ns
+                    .iter()
+                    .zip(&m.latencies)
+                    .map(|(ns, lat)| {
+                        let count = (lat.sorted.len() + lat.errors.len()).max(1);
+                        format!("{:.0}", *ns as f64 / 1000.0 / count as f64)
+                    })
+                    .collect();
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {sidecar_us:.0} µs | {direct_us:.0} µs | {:.2}× |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} µs |",
                     m.upstream,
-                    fmt_added(v50, d50),
-                    verdict(ok && v50.saturating_sub(d50) <= TARGET_ADDED_P50),
-                    fmt_added(v99, d99),
-                    verdict(ok && v99.saturating_sub(d99) <= TARGET_ADDED_P99),
-                    fmt_added(m.via.median_block_p99(), m.direct.median_block_p99()),
-                    ratio(sidecar_us, direct_us),
+                    fmt_added(p(relay, 50.0), p(direct, 50.0)),
+                    fmt_added(p(via, 50.0), p(direct, 50.0)),
+                    verdict(ok && p(via, 50.0).saturating_sub(p(direct, 50.0)) <= TARGET_ADDED_P50),
+                    fmt_added(p(via, 50.0), p(relay, 50.0)),
+                    fmt_added(p(relay, 99.0), p(direct, 99.0)),
+                    fmt_added(p(via, 99.0), p(direct, 99.0)),
+                    verdict(ok && p(via, 99.0).saturating_sub(p(direct, 99.0)) <= TARGET_ADDED_P99),
+                    fmt_added(via.median_block_p99(), direct.median_block_p99()),
+                    cpu_us.join(" / "),
                 );
             }
             for m in &self.metadata {
-                for (label, lat) in [("direct", &m.direct), ("via sidecar", &m.via)] {
+                for (label, lat) in PATHS.iter().zip(&m.latencies) {
                     if let Some(first) = lat.errors.first() {
                         let _ = writeln!(
                             out,
@@ -1328,17 +1393,16 @@ impl Report {
         if !self.streams.is_empty() {
             let _ = writeln!(
                 out,
-                "\n### Streaming throughput\n\nOne `POST /upload/storage/v1/b/B/o?uploadType=media&name=big` and one `GET /storage/v1/b/B/o/big?alt=media`, {} repetition(s) per path alternating direct and via the sidecar; median MiB/s (range). CPU is the sidecar's (proxied runs) and the client's plus the upstream's (direct runs), per GiB moved.\n",
+                "\n### Streaming throughput\n\nOne `POST /upload/storage/v1/b/B/o?uploadType=media&name=big` and one `GET /storage/v1/b/B/o/big?alt=media`, {} repetition(s) per path, the paths taking turns; median MiB/s (range) and the ratio to direct. The relay's ratio is the ceiling of a user-space proxy copying bytes on this machine. CPU per GiB moved is the client's plus the upstream's (direct), the relay's or the sidecar's.\n",
                 s.reps
             );
             let _ = writeln!(
                 out,
-                "| upstream | transfer | direct | via sidecar | ratio | target ≥ {:.0} % | sidecar CPU/GiB | client + upstream CPU/GiB (direct) | CPU ratio |",
+                "| upstream | transfer | direct | via TCP relay | via sidecar | target ≥ {:.0} % | sidecar vs relay | CPU per GiB: client + upstream / relay / sidecar |",
                 TARGET_THROUGHPUT_RATIO * 100.0
             );
-            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
             for f in &self.streams {
-                let (d, v) = (median(&f.direct), median(&f.via));
                 let range = |values: &[f64]| {
                     let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
                     let hi = values.iter().copied().fold(0.0, f64::max);
@@ -1348,24 +1412,37 @@ impl Report {
                         String::new()
                     }
                 };
-                let r = ratio(v, d);
-                let per_gib = |ns: u64, reps: usize| {
-                    let gib = (f.size * reps as u64) as f64 / (1u64 << 30) as f64;
-                    ns as f64 / 1e6 / gib
+                let medians = [0, 1, 2].map(|i| median(&f.rates[i]));
+                let cell = |i: usize| {
+                    let mut text = format!("{:.0} MiB/s{}", medians[i], range(&f.rates[i]));
+                    if i != DIRECT {
+                        let _ = write!(
+                            text,
+                            ", {:.1} %",
+                            ratio(medians[i], medians[DIRECT]) * 100.0
+                        );
+                    }
+                    text
                 };
-                let sidecar_ms = per_gib(f.sidecar_cpu_ns, f.via.len());
-                let direct_ms = per_gib(f.direct_cpu_ns, f.direct.len());
+                let cpu_ms: Vec<String> = (0..PATHS.len())
+                    .map(|i| {
+                        let gib = (f.size * f.rates[i].len() as u64) as f64 / (1u64 << 30) as f64;
+                        format!("{:.0}", f.cpu_ns[i] as f64 / 1e6 / gib)
+                    })
+                    .collect();
+                let r = ratio(medians[SIDECAR], medians[DIRECT]);
                 let _ = writeln!(
                     out,
-                    "| {} | {} {} MiB | {d:.0} MiB/s{} | {v:.0} MiB/s{} | {:.1} % | {} | {sidecar_ms:.0} ms | {direct_ms:.0} ms | {:.2}× |",
+                    "| {} | {} {} MiB | {} | {} | {} | {} | {:.1} % | {} ms |",
                     f.upstream,
                     f.direction.as_str(),
                     f.size / MIB,
-                    range(&f.direct),
-                    range(&f.via),
-                    r * 100.0,
+                    cell(DIRECT),
+                    cell(RELAY),
+                    cell(SIDECAR),
                     verdict(r >= TARGET_THROUGHPUT_RATIO),
-                    ratio(sidecar_ms, direct_ms),
+                    ratio(medians[SIDECAR], medians[RELAY]) * 100.0,
+                    cpu_ms.join(" / "),
                 );
             }
         }
@@ -1439,33 +1516,43 @@ async fn upstream_runs(
 ) -> Result<u64> {
     let (mut sidecar, sidecar_addr) =
         start_sidecar(client, upstream.addr, dir, upstream.name).await?;
-    let pair = Pair {
+    let (mut relay, relay_addr) = start_relay(client, upstream.addr, dir, upstream.name).await?;
+    let paths = Paths {
         upstream: upstream.name,
-        direct: Endpoint {
-            label: "direct",
-            addr: upstream.addr,
-            bucket: PHYSICAL,
-        },
-        via: Endpoint {
-            label: "sidecar",
-            addr: sidecar_addr,
-            bucket: LOGICAL,
-        },
-        meters: Meters {
-            direct: CpuMeter::of(upstream.pid.as_slice(), true),
-            sidecar: CpuMeter::of(&[sidecar.pid()], false),
-        },
+        endpoints: [
+            Endpoint {
+                label: "direct",
+                addr: upstream.addr,
+                bucket: PHYSICAL,
+            },
+            Endpoint {
+                label: "relay",
+                addr: relay_addr,
+                bucket: PHYSICAL,
+            },
+            Endpoint {
+                label: "sidecar",
+                addr: sidecar_addr,
+                bucket: LOGICAL,
+            },
+        ],
+        meters: [
+            CpuMeter::of(upstream.pid.as_slice(), true),
+            CpuMeter::of(&[relay.pid()], false),
+            CpuMeter::of(&[sidecar.pid()], false),
+        ],
     };
     if settings.latency {
         report
             .metadata
-            .push(metadata_phase(settings, client, &pair).await?);
+            .push(metadata_phase(settings, client, &paths).await?);
     }
     if settings.streaming {
         report
             .streams
-            .extend(streaming_phase(settings, client, &pair, upstream.size, chunk).await?);
+            .extend(streaming_phase(settings, client, &paths, upstream.size, chunk).await?);
     }
+    relay.check_running()?;
     sidecar.check_running()?;
     Ok(memory_kib(sidecar.pid())?.1)
 }
@@ -1544,6 +1631,9 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
 }
 
 fn main() -> std::process::ExitCode {
+    if let Ok(spec) = std::env::var(RELAY_ENV) {
+        return relay_main(&spec);
+    }
     // `cargo bench` passes `--bench`; this harness takes no arguments.
     let settings = Settings::from_env();
     let fake_bin = fake_gcs_server_bin();

@@ -117,6 +117,17 @@ pub struct Config {
     /// Largest request head (request line and headers) accepted from a client.
     #[arg(long, default_value_t = 64 * 1024, value_name = "BYTES")]
     pub max_header_bytes: usize,
+
+    /// Threads serving requests. 1 (the default) runs everything on one
+    /// thread, which costs the least CPU per request: a sidecar serves one
+    /// application. More threads spread a busy pod's load over cores.
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "N",
+        env = "BUCKETMAP_SIDECAR_WORKER_THREADS"
+    )]
+    pub worker_threads: usize,
 }
 
 impl Config {
@@ -132,6 +143,9 @@ impl Config {
         }
         if self.max_concurrent_requests == 0 {
             return Err("--max-concurrent-requests must be at least 1".into());
+        }
+        if self.worker_threads == 0 {
+            return Err("--worker-threads must be at least 1".into());
         }
         if self.max_header_bytes < 8192 {
             return Err("--max-header-bytes must be at least 8192".into());
@@ -232,6 +246,7 @@ mod tests {
             "--drain-timeout",
             "--pool-idle-timeout",
             "--max-header-bytes",
+            "--worker-threads",
             "/_bucketmap/readyz",
         ] {
             assert!(help.contains(flag), "help lacks {flag}");

@@ -20,10 +20,14 @@ fn main() -> ExitCode {
     {
         tracing::debug!("a rustls crypto provider was already installed");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = if config.worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(config.worker_threads);
+        builder
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("bucketmap-sidecar: cannot start the async runtime: {err}");

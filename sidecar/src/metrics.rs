@@ -9,13 +9,13 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub operation: String,
+    pub operation: &'static str,
     pub status: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
-    pub operation: String,
+    pub operation: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -38,6 +38,9 @@ pub struct Metrics {
     pub mapping_reloads: Family<ResultLabels, Counter>,
     pub mapping_entries: Gauge,
     pub in_flight: Gauge,
+    /// The two series of `bytes`, looked up once.
+    from_client: Counter,
+    to_client: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -93,6 +96,8 @@ impl Metrics {
             "Requests being served",
             in_flight.clone(),
         );
+        let series = |direction| bytes.get_or_create(&DirectionLabels { direction }).clone();
+        let (from_client, to_client) = (series("from_client"), series("to_client"));
         Self {
             registry,
             requests,
@@ -101,14 +106,19 @@ impl Metrics {
             mapping_reloads,
             mapping_entries,
             in_flight,
+            from_client,
+            to_client,
         }
     }
 
-    /// The counter of body bytes in one direction.
-    pub fn bytes_counter(&self, direction: &'static str) -> Counter {
-        self.bytes
-            .get_or_create(&DirectionLabels { direction })
-            .clone()
+    /// Body bytes read from the application (request bodies).
+    pub fn from_client(&self) -> Counter {
+        self.from_client.clone()
+    }
+
+    /// Body bytes sent to the application (response bodies).
+    pub fn to_client(&self) -> Counter {
+        self.to_client.clone()
     }
 
     /// The OpenMetrics text exposition.
@@ -130,11 +140,11 @@ mod tests {
         let m = Metrics::new();
         m.requests
             .get_or_create(&RequestLabels {
-                operation: "objects.get".into(),
+                operation: "objects.get",
                 status: 200,
             })
             .inc();
-        m.bytes_counter("to_client").inc_by(5);
+        m.to_client().inc_by(5);
         m.mapping_entries.set(2);
         let text = m.encode();
         assert!(

@@ -80,6 +80,8 @@ pub struct Proxy {
     client: HttpClient,
     upstream_scheme: Scheme,
     upstream_authority: Authority,
+    /// Where links in requests point: the upstream.
+    upstream_links: LinkBase,
     auth: Auth,
     metrics: Arc<Metrics>,
     settings: ProxySettings,
@@ -108,16 +110,16 @@ fn reject(style: ErrorStyle) -> impl Fn(ApiError) -> Rejection {
 }
 
 /// Hop-by-hop headers, never forwarded in either direction.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+static HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// Response headers holding absolute URLs the client follows.
@@ -145,11 +147,17 @@ impl Proxy {
             .authority()
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("upstream {upstream} has no host"))?;
+        let upstream_links = LinkBase {
+            scheme: upstream_scheme.to_string(),
+            authority: upstream_authority.to_string(),
+            virtual_host: None,
+        };
         Ok(Self {
             mapping,
             client,
             upstream_scheme,
             upstream_authority,
+            upstream_links,
             auth,
             metrics,
             settings,
@@ -164,7 +172,9 @@ impl Proxy {
     {
         let started = Instant::now();
         let method = req.method().clone();
-        let target = req.uri().path().chars().take(256).collect::<String>();
+        // For the log lines (a `Uri` clone shares its bytes).
+        let uri = req.uri().clone();
+        let target = LogPath(uri.path());
         let _in_flight = InFlight::new(&self.metrics);
         let mut operation = "unrouted";
         let response = match self.serve(req, &mut operation).await {
@@ -183,14 +193,11 @@ impl Proxy {
             }
         };
         let status = response.status().as_u16();
-        let labels = RequestLabels {
-            operation: operation.to_owned(),
-            status,
-        };
+        let labels = RequestLabels { operation, status };
         self.metrics.requests.get_or_create(&labels).inc();
         let elapsed_ms = started.elapsed().as_millis() as u64;
         tracing::debug!(%method, path = %target, operation, status, elapsed_ms, "served");
-        let to_client = self.metrics.bytes_counter("to_client");
+        let to_client = self.metrics.to_client();
         response.map(|body| boxed(Counted::new(body, to_client)))
     }
 
@@ -248,16 +255,11 @@ impl Proxy {
             .map_err(&rejected)?;
 
         let allow = self.settings.allow_physical_names;
-        let upstream_links = LinkBase {
-            scheme: self.upstream_scheme.to_string(),
-            authority: self.upstream_authority.to_string(),
-            virtual_host: None,
-        };
         let to_physical = Translator {
             mapping: &mapping,
             direction: Direction::ToPhysical,
             allow_physical: allow,
-            links: &upstream_links,
+            links: &self.upstream_links,
         };
         let client_links = LinkBase {
             scheme: "http".to_owned(),
@@ -402,7 +404,7 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let limit = self.settings.max_metadata_bytes;
-        let from_client = self.metrics.bytes_counter("from_client");
+        let from_client = self.metrics.from_client();
         let content_type = header_str(incoming, header::CONTENT_TYPE)
             .unwrap_or_default()
             .to_owned();
@@ -462,9 +464,7 @@ impl Proxy {
                 .map_err(|_| ApiError::gateway_timeout())?,
             None => self.client.request(request).await,
         };
-        let labels = OperationLabels {
-            operation: operation.to_owned(),
-        };
+        let labels = OperationLabels { operation };
         self.metrics
             .upstream_latency
             .get_or_create(&labels)
@@ -654,6 +654,18 @@ fn metadata_kind(
     }
 }
 
+/// A request path in a log line, cut at 256 characters.
+struct LogPath<'a>(&'a str);
+
+impl std::fmt::Display for LogPath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.char_indices().nth(256) {
+            Some((end, _)) => write!(f, "{}…", &self.0[..end]),
+            None => f.write_str(self.0),
+        }
+    }
+}
+
 /// Counts a request in the in-flight gauge for as long as it lives (also
 /// when the client goes away and the handler future is dropped).
 struct InFlight<'m>(&'m Metrics);
@@ -688,21 +700,15 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<String> = headers
+    // Headers the `Connection` header lists are hop-by-hop too.
+    let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| {
-            v.split(',')
-                .map(|s| s.trim().to_ascii_lowercase())
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(listed.iter().map(String::as_str))
-    {
+    for name in HOP_BY_HOP.iter().chain(&listed) {
         headers.remove(name);
     }
 }

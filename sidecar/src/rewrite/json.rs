@@ -1,7 +1,18 @@
 //! JSON API documents: the structured fields that carry bucket names, by
 //! resource kind. Nothing else is touched; object names never are.
+//!
+//! Documents are not parsed into a tree. Each object on the way to a field
+//! that may name a bucket is split into its members, borrowed from the body
+//! ([`RawValue`]); members that need no change are copied back byte for byte
+//! and only the rewritten ones are serialised anew. A metadata response is
+//! rewritten on every proxied request, and this keeps that cost to a scan of
+//! the body plus the few fields that change.
 
-use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 
 use super::text::replace_bucket_tokens;
 use super::url::rewrite_url;
@@ -9,9 +20,9 @@ use super::{Direction, Translator};
 use crate::errors::ApiError;
 use crate::route::Resource;
 
-/// Rewrites a JSON body. Returns `Ok(None)` when the body is empty or not
-/// JSON (it is then forwarded untouched), `Err` when a request names a bucket
-/// it may not use.
+/// Rewrites a JSON body. Returns `Ok(None)` when nothing changes, or when the
+/// body is empty or not JSON (it is then forwarded untouched), `Err` when a
+/// request names a bucket it may not use.
 pub fn rewrite_json_bytes(
     body: &[u8],
     hint: Resource,
@@ -20,26 +31,39 @@ pub fn rewrite_json_bytes(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    let Ok(mut doc) = serde_json::from_slice::<Value>(body) else {
+    let Ok(text) = std::str::from_utf8(body) else {
         return Ok(None);
     };
-    rewrite_document(&mut doc, hint, tr)?;
-    Ok(serde_json::to_vec(&doc).ok())
+    document(text, hint, tr)
 }
 
-/// Rewrites a parsed document: an error document or a resource.
-pub fn rewrite_document(
-    doc: &mut Value,
+/// Rewrites a parsed document (test helper): the same path as bodies take.
+#[cfg(test)]
+pub(crate) fn rewrite_document(
+    doc: &mut serde_json::Value,
     hint: Resource,
     tr: &Translator<'_>,
 ) -> Result<(), ApiError> {
-    if let Some(Value::Object(error)) = doc.get_mut("error") {
-        if tr.direction == Direction::ToLogical {
-            rewrite_error(error, tr);
-        }
-        return Ok(());
+    let body = serde_json::to_vec(doc).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if let Some(new) = rewrite_json_bytes(&body, hint, tr)? {
+        *doc = serde_json::from_slice(&new).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
-    resource(doc, hint, tr)
+    Ok(())
+}
+
+/// An error document or a resource.
+fn document(doc: &str, hint: Resource, tr: &Translator<'_>) -> Result<Option<Vec<u8>>, ApiError> {
+    let Some(mut obj) = Object::parse_str(doc) else {
+        return Ok(None);
+    };
+    if obj.has_object("error") {
+        if tr.direction == Direction::ToLogical {
+            obj.each_value("error", |error| Ok(rewrite_error(error, tr)))?;
+        }
+        return Ok(obj.into_json());
+    }
+    resource_members(&mut obj, hint, tr)?;
+    Ok(obj.into_json())
 }
 
 fn kind_resource(kind: &str) -> Option<Resource> {
@@ -60,45 +84,57 @@ fn kind_resource(kind: &str) -> Option<Resource> {
     })
 }
 
-fn resource(value: &mut Value, hint: Resource, tr: &Translator<'_>) -> Result<(), ApiError> {
-    let Value::Object(obj) = value else {
-        return Ok(());
+/// A resource nested in a document; `None` when it is unchanged or not an object.
+fn resource(
+    value: &RawValue,
+    hint: Resource,
+    tr: &Translator<'_>,
+) -> Result<Option<Vec<u8>>, ApiError> {
+    let Some(mut obj) = Object::parse(value) else {
+        return Ok(None);
     };
+    resource_members(&mut obj, hint, tr)?;
+    Ok(obj.into_json())
+}
+
+fn resource_members(
+    obj: &mut Object<'_>,
+    hint: Resource,
+    tr: &Translator<'_>,
+) -> Result<(), ApiError> {
     let kind = obj
-        .get("kind")
-        .and_then(Value::as_str)
+        .string("kind")
+        .as_deref()
         .and_then(kind_resource)
         .unwrap_or(hint);
     match kind {
         Resource::Buckets => {
-            if tr.direction == Direction::ToLogical
-                && !tr.shows_unmapped()
-                && let Some(Value::Array(list)) = obj.get_mut("items")
-            {
-                // Buckets the mapping does not know are not this app's: hide them.
-                list.retain(|b| {
-                    b.get("name")
-                        .and_then(Value::as_str)
-                        .is_none_or(|n| tr.mapping.logical(n).is_some())
-                });
-            }
-            items(obj, Resource::Bucket, tr)?;
+            // Buckets the mapping does not know are not this app's: hide them.
+            let hide = tr.direction == Direction::ToLogical && !tr.shows_unmapped();
+            obj.each_array("items", |item| {
+                if hide
+                    && let Some(bucket) = Object::parse(item)
+                    && let Some(name) = bucket.string("name")
+                    && tr.mapping.logical(&name).is_none()
+                {
+                    return Ok(Element::Drop);
+                }
+                Ok(Element::from(resource(item, Resource::Bucket, tr)?))
+            })?;
         }
-        Resource::Objects | Resource::Acls => {
-            let item = if kind == Resource::Objects {
-                Resource::Object
-            } else {
-                Resource::Acl
-            };
-            items(obj, item, tr)?;
-        }
+        Resource::Objects => items(obj, Resource::Object, tr)?,
+        Resource::Acls => items(obj, Resource::Acl, tr)?,
         Resource::Bucket => {
             strict(obj, "name", tr)?;
             lenient(obj, "id", tr);
             link(obj, "selfLink", tr);
-            if let Some(Value::Object(logging)) = obj.get_mut("logging") {
-                strict(logging, "logBucket", tr)?;
-            }
+            obj.each_value("logging", |logging| {
+                let Some(mut logging) = Object::parse(logging) else {
+                    return Ok(None);
+                };
+                strict(&mut logging, "logBucket", tr)?;
+                Ok(logging.into_json())
+            })?;
             each(obj, "acl", Resource::Acl, tr)?;
             each(obj, "defaultObjectAcl", Resource::Acl, tr)?;
         }
@@ -120,14 +156,10 @@ fn resource(value: &mut Value, hint: Resource, tr: &Translator<'_>) -> Result<()
             items(obj, Resource::Notification, tr)?;
         }
         Resource::RewriteResponse => {
-            if let Some(res) = obj.get_mut("resource") {
-                resource(res, Resource::Object, tr)?;
-            }
+            obj.each_value("resource", |res| resource(res, Resource::Object, tr))?;
         }
         Resource::ComposeRequest => {
-            if let Some(dest) = obj.get_mut("destination") {
-                resource(dest, Resource::Object, tr)?;
-            }
+            obj.each_value("destination", |dest| resource(dest, Resource::Object, tr))?;
         }
         Resource::Operation => {
             resource_name(obj, "name", tr)?;
@@ -140,109 +172,315 @@ fn resource(value: &mut Value, hint: Resource, tr: &Translator<'_>) -> Result<()
             link(obj, "mediaLink", tr);
             resource_name(obj, "resourceId", tr)?;
             items(obj, Resource::Generic, tr)?;
-            if let Some(res) = obj.get_mut("resource") {
-                resource(res, Resource::Generic, tr)?;
-            }
+            obj.each_value("resource", |res| resource(res, Resource::Generic, tr))?;
         }
     }
     Ok(())
 }
 
-fn items(
-    obj: &mut Map<String, Value>,
-    item: Resource,
-    tr: &Translator<'_>,
-) -> Result<(), ApiError> {
+fn items(obj: &mut Object<'_>, item: Resource, tr: &Translator<'_>) -> Result<(), ApiError> {
     each(obj, "items", item, tr)
 }
 
 fn each(
-    obj: &mut Map<String, Value>,
+    obj: &mut Object<'_>,
     key: &str,
     item: Resource,
     tr: &Translator<'_>,
 ) -> Result<(), ApiError> {
-    if let Some(Value::Array(list)) = obj.get_mut(key) {
-        for value in list {
-            resource(value, item, tr)?;
-        }
-    }
-    Ok(())
+    obj.each_array(key, |value| Ok(Element::from(resource(value, item, tr)?)))
 }
 
 /// A field that names a bucket the request must be allowed to use.
-fn strict(obj: &mut Map<String, Value>, key: &str, tr: &Translator<'_>) -> Result<(), ApiError> {
-    if let Some(Value::String(name)) = obj.get_mut(key)
-        && !name.is_empty()
-        && let Some(new) = tr.bucket(name)?
-    {
-        *name = new;
-    }
-    Ok(())
+fn strict(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) -> Result<(), ApiError> {
+    obj.each_string(key, |name| {
+        if name.is_empty() {
+            Ok(None)
+        } else {
+            tr.bucket(name)
+        }
+    })
 }
 
 /// A field equal to a bucket name, informational only.
-fn lenient(obj: &mut Map<String, Value>, key: &str, tr: &Translator<'_>) {
-    if let Some(Value::String(name)) = obj.get_mut(key)
-        && let Some(new) = tr.bucket_lenient(name)
-    {
-        *name = new;
-    }
+fn lenient(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
+    let _ = obj.each_string(key, |name| Ok(tr.bucket_lenient(name)));
 }
 
 /// An id whose first `/`-separated component is the bucket (`B/OBJECT/GEN`, `B/entity`).
-fn id_prefix(obj: &mut Map<String, Value>, key: &str, tr: &Translator<'_>) {
-    if let Some(Value::String(id)) = obj.get_mut(key) {
+fn id_prefix(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
+    let _ = obj.each_string(key, |id| {
         let (bucket, rest) = id.split_at(id.find('/').unwrap_or(id.len()));
-        if let Some(new) = tr.bucket_lenient(bucket) {
-            *id = format!("{new}{rest}");
-        }
-    }
+        Ok(tr.bucket_lenient(bucket).map(|new| format!("{new}{rest}")))
+    });
 }
 
-fn link(obj: &mut Map<String, Value>, key: &str, tr: &Translator<'_>) {
-    if let Some(Value::String(url)) = obj.get_mut(key)
-        && let Some(new) = rewrite_url(url, tr)
-    {
-        *url = new;
-    }
+fn link(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
+    let _ = obj.each_string(key, |url| Ok(rewrite_url(url, tr)));
 }
 
 /// A resource name `projects/_/buckets/B[/…]`.
-fn resource_name(
-    obj: &mut Map<String, Value>,
-    key: &str,
-    tr: &Translator<'_>,
-) -> Result<(), ApiError> {
+fn resource_name(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) -> Result<(), ApiError> {
     const PREFIX: &str = "projects/_/buckets/";
-    if let Some(Value::String(name)) = obj.get_mut(key)
-        && let Some(after) = name.strip_prefix(PREFIX)
-    {
+    obj.each_string(key, |name| {
+        let Some(after) = name.strip_prefix(PREFIX) else {
+            return Ok(None);
+        };
         let (bucket, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
         if bucket.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        if let Some(new) = tr.bucket(bucket)? {
-            *name = format!("{PREFIX}{new}{rest}");
-        }
-    }
-    Ok(())
+        Ok(tr.bucket(bucket)?.map(|new| format!("{PREFIX}{new}{rest}")))
+    })
 }
 
-fn rewrite_error(error: &mut Map<String, Value>, tr: &Translator<'_>) {
-    let message = |text: &mut String| {
-        let new = replace_bucket_tokens(text, |name| tr.bucket_lenient(name)).into_owned();
-        *text = new;
+/// The `error` object of an error document: bucket names in its messages.
+fn rewrite_error(error: &RawValue, tr: &Translator<'_>) -> Option<Vec<u8>> {
+    let mut error = Object::parse(error)?;
+    let message = |text: &str| {
+        let new = replace_bucket_tokens(text, |name| tr.bucket_lenient(name));
+        Ok(matches!(new, Cow::Owned(_)).then(|| new.into_owned()))
     };
-    if let Some(Value::String(text)) = error.get_mut("message") {
-        message(text);
+    let _ = error.each_string("message", message);
+    let _ = error.each_array("errors", |entry| {
+        let Some(mut entry) = Object::parse(entry) else {
+            return Ok(Element::Keep);
+        };
+        entry.each_string("message", message)?;
+        Ok(Element::from(entry.into_json()))
+    });
+    error.into_json()
+}
+
+/// A JSON object split into its members, in order (duplicates included:
+/// every member with a key is rewritten, so a repeated key cannot smuggle an
+/// untranslated name past the checks).
+struct Object<'a> {
+    members: Vec<(Key<'a>, Member<'a>)>,
+    changed: bool,
+}
+
+enum Member<'a> {
+    /// The value as it came, byte for byte.
+    Raw(&'a RawValue),
+    /// The value rewritten, serialised.
+    New(Vec<u8>),
+}
+
+/// What becomes of an array element.
+enum Element {
+    Keep,
+    Replace(Vec<u8>),
+    Drop,
+}
+
+impl From<Option<Vec<u8>>> for Element {
+    fn from(new: Option<Vec<u8>>) -> Self {
+        new.map_or(Element::Keep, Element::Replace)
     }
-    if let Some(Value::Array(errors)) = error.get_mut("errors") {
-        for entry in errors {
-            if let Some(Value::String(text)) = entry.get_mut("message") {
-                message(text);
+}
+
+impl<'a> Object<'a> {
+    /// `None` when `value` is not an object.
+    fn parse(value: &'a RawValue) -> Option<Self> {
+        Self::parse_str(value.get())
+    }
+
+    /// `None` when `text` is not a JSON object (whole documents included:
+    /// trailing garbage fails).
+    fn parse_str(text: &'a str) -> Option<Self> {
+        if !text.trim_start().starts_with('{') {
+            return None;
+        }
+        let Members(members) = serde_json::from_str(text).ok()?;
+        Some(Object {
+            members: members
+                .into_iter()
+                .map(|(key, raw)| (key, Member::Raw(raw)))
+                .collect(),
+            changed: false,
+        })
+    }
+
+    /// The first string member named `key`.
+    fn string(&self, key: &str) -> Option<Cow<'a, str>> {
+        self.members.iter().find_map(|(k, member)| match member {
+            Member::Raw(raw) if k.0 == key => string_value(raw),
+            _ => None,
+        })
+    }
+
+    fn has_object(&self, key: &str) -> bool {
+        self.members.iter().any(|(k, member)| {
+            k.0 == key && matches!(member, Member::Raw(raw) if raw.get().starts_with('{'))
+        })
+    }
+
+    /// Calls `f` on every member named `key`; a `Some` answer replaces it.
+    fn each_value(
+        &mut self,
+        key: &str,
+        mut f: impl FnMut(&'a RawValue) -> Result<Option<Vec<u8>>, ApiError>,
+    ) -> Result<(), ApiError> {
+        for (k, member) in &mut self.members {
+            if k.0 == key
+                && let Member::Raw(raw) = member
+                && let Some(new) = f(raw)?
+            {
+                *member = Member::New(new);
+                self.changed = true;
             }
         }
+        Ok(())
+    }
+
+    /// Calls `f` on every string member named `key`; a `Some` answer replaces it.
+    fn each_string(
+        &mut self,
+        key: &str,
+        mut f: impl FnMut(&str) -> Result<Option<String>, ApiError>,
+    ) -> Result<(), ApiError> {
+        self.each_value(key, |raw| match string_value(raw) {
+            Some(text) => Ok(f(&text)?.map(|new| json_string(&new))),
+            None => Ok(None),
+        })
+    }
+
+    /// Calls `f` on every element of every array member named `key`.
+    fn each_array(
+        &mut self,
+        key: &str,
+        mut f: impl FnMut(&'a RawValue) -> Result<Element, ApiError>,
+    ) -> Result<(), ApiError> {
+        self.each_value(key, |raw| {
+            if !raw.get().starts_with('[') {
+                return Ok(None);
+            }
+            let Ok(elements) = serde_json::from_str::<Vec<&'a RawValue>>(raw.get()) else {
+                return Ok(None);
+            };
+            let mut out = Vec::with_capacity(raw.get().len());
+            let mut changed = false;
+            out.push(b'[');
+            for element in elements {
+                let new = f(element)?;
+                changed |= !matches!(new, Element::Keep);
+                let bytes = match &new {
+                    Element::Keep => element.get().as_bytes(),
+                    Element::Replace(bytes) => bytes,
+                    Element::Drop => continue,
+                };
+                if out.len() > 1 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(bytes);
+            }
+            out.push(b']');
+            Ok(changed.then_some(out))
+        })
+    }
+
+    /// The object serialised again, or `None` when nothing changed.
+    fn into_json(self) -> Option<Vec<u8>> {
+        if !self.changed {
+            return None;
+        }
+        let size: usize = self
+            .members
+            .iter()
+            .map(|(k, m)| {
+                k.0.len()
+                    + 4
+                    + match m {
+                        Member::Raw(raw) => raw.get().len(),
+                        Member::New(bytes) => bytes.len(),
+                    }
+            })
+            .sum();
+        let mut out = Vec::with_capacity(size + 2);
+        out.push(b'{');
+        for (i, (key, member)) in self.members.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            match &key.0 {
+                // Borrowed: the key had no escapes, its bytes are its JSON.
+                Cow::Borrowed(text) => {
+                    out.push(b'"');
+                    out.extend_from_slice(text.as_bytes());
+                    out.push(b'"');
+                }
+                Cow::Owned(text) => out.extend_from_slice(&json_string(text)),
+            }
+            out.push(b':');
+            match member {
+                Member::Raw(raw) => out.extend_from_slice(raw.get().as_bytes()),
+                Member::New(bytes) => out.extend_from_slice(bytes),
+            }
+        }
+        out.push(b'}');
+        Some(out)
+    }
+}
+
+/// A JSON string value, borrowed when it has no escapes.
+fn string_value(raw: &RawValue) -> Option<Cow<'_, str>> {
+    if !raw.get().starts_with('"') {
+        return None;
+    }
+    serde_json::from_str::<Key<'_>>(raw.get()).ok().map(|k| k.0)
+}
+
+fn json_string(text: &str) -> Vec<u8> {
+    // Serialising a string cannot fail.
+    serde_json::to_vec(text).unwrap_or_default()
+}
+
+/// A string borrowed from the body when it has no escapes, owned otherwise.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// An object's members, in order, values borrowed unparsed.
+struct Members<'a>(Vec<(Key<'a>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MembersVisitor;
+        impl<'de> Visitor<'de> for MembersVisitor {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some(entry) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+                    members.push(entry);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(MembersVisitor)
     }
 }
 
@@ -357,6 +595,46 @@ mod tests {
         assert_eq!(
             doc["error"]["errors"][0]["message"],
             "No such object: photos/a"
+        );
+    }
+
+    #[test]
+    fn untouched_members_keep_their_bytes_and_repeated_keys_are_all_checked() {
+        let (m, links) = (mapping(), sidecar_base());
+        let to_logical = translator(&m, &links, Direction::ToLogical);
+        let body = br#"{ "kind" : "storage#object", "bu\u0063ket": "photos-k3x9q2mw",
+            "metadata": {"note": "caf\u00e9 \"photos-k3x9q2mw\"", "n": [1.50, 2e3]}, "size": "7" }"#;
+        let new = rewrite_json_bytes(body, Resource::Object, &to_logical)
+            .ok()
+            .flatten()
+            .expect("the escaped key is the bucket field");
+        let text = String::from_utf8(new).expect("UTF-8");
+        assert!(text.contains(r#""bucket":"photos""#), "{text}");
+        assert!(
+            text.contains(r#"{"note": "caf\u00e9 \"photos-k3x9q2mw\"", "n": [1.50, 2e3]}"#),
+            "other members are copied byte for byte: {text}"
+        );
+        let unchanged =
+            br#"{"kind": "storage#object", "bucket": "not-mapped", "name": "photos-k3x9q2mw"}"#;
+        assert_eq!(
+            rewrite_json_bytes(unchanged, Resource::Object, &to_logical).ok(),
+            Some(None),
+            "nothing to change: the body is forwarded as it came"
+        );
+
+        let to_physical = translator(&m, &links, Direction::ToPhysical);
+        let smuggled = br#"{"bucket": "photos", "name": "o", "bucket": "logs-aaaa1111"}"#;
+        let err = rewrite_json_bytes(smuggled, Resource::Object, &to_physical)
+            .map_err(|e| e.status.as_u16());
+        assert_eq!(err, Err(403), "the second bucket member is a physical name");
+        let both = br#"{"bucket": "photos", "bucket": "logs"}"#;
+        let new = rewrite_json_bytes(both, Resource::Object, &to_physical)
+            .ok()
+            .flatten()
+            .expect("rewritten");
+        assert_eq!(
+            new,
+            br#"{"bucket":"photos-k3x9q2mw","bucket":"logs-aaaa1111"}"#.to_vec()
         );
     }
 

@@ -20,11 +20,24 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
     let path = uri.path();
     let query = uri.query();
     let vhost = virtual_host_bucket(host, |label| tr.mapping.knows(label));
-    let base = format!("{}://{}", tr.links.scheme, tr.links.authority);
-    let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
+    let with_base = |path: &str| {
+        let (scheme, authority) = (&tr.links.scheme, &tr.links.authority);
+        let mut url = String::with_capacity(
+            scheme.len() + 3 + authority.len() + path.len() + query.map_or(0, |q| q.len() + 1),
+        );
+        url.push_str(scheme);
+        url.push_str("://");
+        url.push_str(authority);
+        url.push_str(path);
+        if let Some(query) = query {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    };
 
     let Ok(routed) = route(&Method::GET, path, query, vhost.as_deref()) else {
-        return Some(format!("{base}{path}{suffix}"));
+        return Some(with_base(path));
     };
     let translated: Vec<String> = routed
         .buckets
@@ -58,7 +71,7 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
             rest => rest.to_owned(),
         };
     }
-    Some(format!("{base}{new_path}{suffix}"))
+    Some(with_base(&new_path))
 }
 
 /// Rewrites `x-goog-copy-source` / `x-amz-copy-source` (`[/]BUCKET/OBJECT[?…]`,
