@@ -114,8 +114,12 @@ pub struct Config {
     #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_concurrent_requests: usize,
 
-    /// Largest request head (request line and headers) accepted from a client.
-    #[arg(long, default_value_t = 64 * 1024, value_name = "BYTES")]
+    /// Largest request head (request line and headers) accepted from a
+    /// client; larger ones get 431. It is also the most each client
+    /// connection buffers while reading, so it bounds memory under many
+    /// concurrent uploads. The default is twice Node.js's limit and above
+    /// what GCS clients send (custom metadata is capped at 8 KiB by GCS).
+    #[arg(long, default_value_t = 32 * 1024, value_name = "BYTES")]
     pub max_header_bytes: usize,
 
     /// Threads serving requests. 1 (the default) runs everything on one
