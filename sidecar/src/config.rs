@@ -228,6 +228,9 @@ mod tests {
         assert!(parse(&["--upstream", "http://x/storage"]).is_err());
         let no_mapping = parse(&[]).expect("parses");
         assert!(no_mapping.validate().is_err());
+        let no_threads =
+            parse(&["--map", "photos=photos-k3x9q2mw", "--worker-threads", "0"]).expect("parses");
+        assert!(no_threads.validate().is_err());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The logical → physical bucket map: validation, loading from a mounted
 //! ConfigMap directory and static entries, and lock-free swapping on reload.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -40,6 +42,8 @@ pub enum MappingError {
 }
 
 /// An immutable, validated bijection between logical and physical bucket names.
+/// Looked up several times per request, so hashed with foldhash rather than
+/// SipHash: its keys come from the cluster's ConfigMap, not from requests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mapping {
     to_physical: HashMap<String, String>,
@@ -53,7 +57,7 @@ impl Mapping {
         for (logical, physical) in entries {
             by_logical.insert(logical, physical);
         }
-        let mut to_logical: HashMap<String, String> = HashMap::new();
+        let mut to_logical: HashMap<String, String> = HashMap::default();
         for (logical, physical) in &by_logical {
             if !is_valid_bucket_name(logical) {
                 return Err(MappingError::InvalidLogical(logical.clone()));

@@ -29,7 +29,7 @@ pub fn is_valid_bucket_name(name: &str) -> bool {
     {
         return false;
     }
-    name.parse::<std::net::Ipv4Addr>().is_err()
+    max == 63 || name.parse::<std::net::Ipv4Addr>().is_err()
 }
 
 #[cfg(test)]

@@ -269,7 +269,7 @@ fn check_percent_encoding(raw: &str) -> Result<(), RouteError> {
 
 /// Path segments after the leading `/`, each with its byte offset in `path`.
 fn segments(path: &str) -> Vec<(usize, &str)> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(8);
     let mut start = 1;
     for part in path[1..].split('/') {
         out.push((start, part));
