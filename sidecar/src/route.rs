@@ -271,10 +271,12 @@ fn check_percent_encoding(raw: &str) -> Result<(), RouteError> {
 fn segments(path: &str) -> Vec<(usize, &str)> {
     let mut out = Vec::with_capacity(8);
     let mut start = 1;
-    for part in path[1..].split('/') {
-        out.push((start, part));
-        start += part.len() + 1;
+    for slash in memchr::memchr_iter(b'/', &path.as_bytes()[1..]) {
+        let end = slash + 1;
+        out.push((start, &path[start..end]));
+        start = end + 1;
     }
+    out.push((start, &path[start..]));
     out
 }
 
@@ -282,9 +284,13 @@ fn bucket_slot((offset, raw): (usize, &str)) -> Result<BucketSlot, RouteError> {
     if raw.is_empty() {
         return Err(RouteError::EmptyBucket);
     }
-    let name = percent_decode_str(raw)
-        .decode_utf8()
-        .map_err(|_| RouteError::InvalidBucket(raw.chars().take(64).collect()))?;
+    let name = if raw.contains('%') {
+        percent_decode_str(raw)
+            .decode_utf8()
+            .map_err(|_| RouteError::InvalidBucket(raw.chars().take(64).collect()))?
+    } else {
+        Cow::Borrowed(raw)
+    };
     if !is_valid_bucket_name(&name) {
         return Err(RouteError::InvalidBucket(name.chars().take(64).collect()));
     }
