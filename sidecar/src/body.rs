@@ -54,17 +54,33 @@ where
     if body.size_hint().lower() > limit as u64 {
         return Err(CollectError::TooLarge { limit });
     }
+    // Most metadata bodies arrive in one frame: keep it as it is, copy only
+    // when a second one comes.
+    let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
+    let mut len = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| CollectError::Body(e.into()))?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
+            len += data.len();
+            if len > limit {
                 return Err(CollectError::TooLarge { limit });
+            }
+            if first.is_none() && buf.is_empty() {
+                first = Some(data);
+                continue;
+            }
+            if let Some(first) = first.take() {
+                buf.reserve(len);
+                buf.extend_from_slice(&first);
             }
             buf.extend_from_slice(&data);
         }
     }
-    Ok(buf.freeze())
+    Ok(match first {
+        Some(only) => only,
+        None => buf.freeze(),
+    })
 }
 
 pin_project_lite::pin_project! {
@@ -122,6 +138,11 @@ mod tests {
         assert_eq!(ok.ok(), Some(Bytes::from("hello")));
         let too_big = collect_capped(full("hello!"), 5).await;
         assert!(matches!(too_big, Err(CollectError::TooLarge { limit: 5 })));
+        let frames = futures::stream::iter(["he", "", "ll", "o"].map(|part| {
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(part.as_bytes())))
+        }));
+        let joined = collect_capped(http_body_util::StreamBody::new(frames), 5).await;
+        assert_eq!(joined.ok(), Some(Bytes::from("hello")));
     }
 
     #[tokio::test]
