@@ -1,7 +1,7 @@
 //! In-process tests: the proxy on loopback in front of a tiny hyper upstream,
 //! driven by a hyper client. They prove streaming (bodies that only complete
 //! if the proxy forwards them piece by piece, and bounded memory for
-//! 256 MiB each way), map reloads with requests in flight, graceful drain,
+//! 1 GiB each way), map reloads with requests in flight, graceful drain,
 //! and that refused requests are answered locally with nothing forwarded.
 
 use std::future::Future;
@@ -800,7 +800,8 @@ impl RssProbe {
     }
 }
 
-const BIG: u64 = 256 * 1024 * 1024;
+/// What the issue asks to stream with flat memory: 1 GiB each way.
+const BIG: u64 = 1024 * 1024 * 1024;
 static CHUNK: [u8; 64 * 1024] = [7u8; 64 * 1024];
 
 fn big_body() -> ProxyBody {
@@ -812,7 +813,7 @@ fn big_body() -> ProxyBody {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quarter_gibibyte_each_way_keeps_memory_flat() {
+async fn a_gibibyte_each_way_keeps_memory_flat() {
     let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
         if req.method() == Method::GET {
             let mut response = Response::new(big_body());
@@ -882,7 +883,7 @@ async fn a_quarter_gibibyte_each_way_keeps_memory_flat() {
     eprintln!("peak RSS growth: {} MiB", growth / (1024 * 1024));
     assert!(
         growth < 64 * 1024 * 1024,
-        "RSS grew by {} MiB moving 512 MiB",
+        "RSS grew by {} MiB moving 2 GiB",
         growth / (1024 * 1024)
     );
 }
