@@ -110,19 +110,22 @@ struct Settings {
     streams: usize,
     /// Bytes per concurrent stream.
     stream_size: u64,
-    /// Phases to run (`BUCKETMAP_BENCH_PHASES=latency,streaming,memory`, all by default).
+    /// Phases to run (`BUCKETMAP_BENCH_PHASES=latency,streaming,memory,instructions`,
+    /// all by default).
     latency: bool,
     streaming: bool,
     memory: bool,
+    instructions: bool,
 }
 
 impl Settings {
     fn from_env() -> Self {
         let quick = std::env::var_os("BUCKETMAP_BENCH_QUICK").is_some_and(|v| v != "0");
         let phases = std::env::var("BUCKETMAP_BENCH_PHASES")
-            .unwrap_or_else(|_| "latency,streaming,memory".into());
+            .unwrap_or_else(|_| "latency,streaming,memory,instructions".into());
         let phase = |name: &str| phases.split(',').any(|p| p.trim() == name);
         let (latency, streaming, memory) = (phase("latency"), phase("streaming"), phase("memory"));
+        let instructions = phase("instructions");
         if quick {
             Settings {
                 rate: 500,
@@ -137,6 +140,7 @@ impl Settings {
                 latency,
                 streaming,
                 memory,
+                instructions,
             }
         } else {
             Settings {
@@ -152,6 +156,7 @@ impl Settings {
                 latency,
                 streaming,
                 memory,
+                instructions,
             }
         }
     }
@@ -460,17 +465,41 @@ async fn wait_ready(
     }
 }
 
+/// How a child process is started: as it is, or under callgrind writing
+/// its counts to the given file.
+#[derive(Clone, Copy, Debug)]
+enum Launch<'a> {
+    Plain,
+    Callgrind(&'a Path),
+}
+
+impl Launch<'_> {
+    fn command(self, program: &Path) -> Command {
+        match self {
+            Launch::Plain => Command::new(program),
+            Launch::Callgrind(out) => {
+                let mut cmd = Command::new("valgrind");
+                cmd.arg("--tool=callgrind")
+                    .arg(format!("--callgrind-out-file={}", out.display()))
+                    .arg(program);
+                cmd
+            }
+        }
+    }
+}
+
 /// Starts the release-built sidecar in front of `upstream`.
 async fn start_sidecar(
     client: &HttpClient,
     upstream: SocketAddr,
     dir: &Path,
     tag: &str,
+    launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
     let mut last = None;
     for attempt in 0..3 {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-        let mut cmd = Command::new(sidecar_bin());
+        let mut cmd = launch.command(&sidecar_bin());
         cmd.args(["--listen", &addr.to_string()])
             .args(["--upstream", &format!("http://{upstream}")])
             .arg("--no-auth")
@@ -548,12 +577,13 @@ async fn start_relay(
     upstream: SocketAddr,
     dir: &Path,
     tag: &str,
+    launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
     let exe = std::env::current_exe().context("cannot find the bench binary")?;
     let mut last = None;
     for attempt in 0..3 {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-        let mut cmd = Command::new(&exe);
+        let mut cmd = launch.command(&exe);
         cmd.env(RELAY_ENV, format!("{addr},{upstream}"));
         let log = dir.join(format!("relay-{tag}-{attempt}.log"));
         let mut proc = Proc::spawn("relay", &mut cmd, log)?;
@@ -1201,7 +1231,7 @@ async fn memory_phase(
     dir: &Path,
     chunk: &Bytes,
 ) -> Result<MemoryFigures> {
-    let (mut sidecar, addr) = start_sidecar(client, upstream, dir, "memory").await?;
+    let (mut sidecar, addr) = start_sidecar(client, upstream, dir, "memory", Launch::Plain).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
     let direct = Endpoint {
@@ -1253,6 +1283,92 @@ async fn memory_phase(
     Ok(MemoryFigures { idle_rss_kib, rows })
 }
 
+/// Metadata requests counted per path under callgrind (after a warm-up).
+const COUNTED_REQUESTS: u64 = 2000;
+
+/// Instructions per proxied metadata request, relay and sidecar.
+struct InstructionFigures {
+    relay: u64,
+    sidecar: u64,
+}
+
+/// Counts the instructions the relay and the sidecar execute per metadata
+/// request (sequential GETs through each, in front of the in-process
+/// upstream), with callgrind. Unlike times, these counts do not move with
+/// whatever else the machine runs, so they show changes in the proxy's own
+/// work exactly.
+async fn instructions_phase(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+) -> Result<InstructionFigures> {
+    let mut counts = [0u64; 2];
+    for (index, label) in ["relay", "sidecar"].into_iter().enumerate() {
+        eprintln!(
+            "[instructions] {COUNTED_REQUESTS} metadata GETs via the {label} under callgrind"
+        );
+        let out = dir.join(format!("callgrind-{label}.out"));
+        let launch = Launch::Callgrind(&out);
+        let (mut proc, addr) = if index == 0 {
+            start_relay(client, upstream, dir, "callgrind", launch).await?
+        } else {
+            start_sidecar(client, upstream, dir, "callgrind", launch).await?
+        };
+        let endpoint = Endpoint {
+            label,
+            addr,
+            bucket: if index == 0 { PHYSICAL } else { LOGICAL },
+        };
+        for _ in 0..200 {
+            get_metadata(client, endpoint.metadata()).await?;
+        }
+        callgrind_control(&["-z", &proc.pid().to_string()])?;
+        for i in 0..COUNTED_REQUESTS {
+            let (_, body) = get_metadata(client, endpoint.metadata()).await?;
+            if i == 0 {
+                check_bucket_field(&body, endpoint.bucket)?;
+            }
+        }
+        callgrind_control(&["-d", &proc.pid().to_string()])?;
+        proc.check_running()?;
+        let dump = PathBuf::from(format!("{}.1", out.display()));
+        let text = std::fs::read_to_string(&dump)
+            .with_context(|| format!("cannot read the callgrind dump {}", dump.display()))?;
+        let total: u64 = text
+            .lines()
+            .find_map(|line| line.strip_prefix("summary:"))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| anyhow!("no summary line in {}", dump.display()))?;
+        counts[index] = total / COUNTED_REQUESTS;
+    }
+    Ok(InstructionFigures {
+        relay: counts[0],
+        sidecar: counts[1],
+    })
+}
+
+fn callgrind_control(args: &[&str]) -> Result<()> {
+    let out = Command::new("callgrind_control")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run callgrind_control")?;
+    if !out.status.success() {
+        bail!(
+            "callgrind_control {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Whether valgrind's callgrind can be used here.
+fn callgrind_available() -> bool {
+    command_output("valgrind", &["--version"]).is_some()
+        && command_output("callgrind_control", &["--version"]).is_some()
+}
+
 // ---------------------------------------------------------------------------
 // Report
 
@@ -1285,6 +1401,7 @@ struct Report {
     metadata: Vec<MetadataFigures>,
     streams: Vec<StreamFigures>,
     memory: Option<MemoryFigures>,
+    instructions: Option<InstructionFigures>,
     main_sidecar_hwm_kib: Option<u64>,
     notes: Vec<String>,
 }
@@ -1478,6 +1595,21 @@ impl Report {
                 );
             }
         }
+        if let Some(counts) = &self.instructions {
+            let _ = writeln!(
+                out,
+                "\n### Instructions per metadata request\n\nCounted by callgrind over {COUNTED_REQUESTS} sequential `GET /storage/v1/b/B/o/x` through each proxy (in front of the in-process upstream, after a warm-up): every instruction of the process, runtime and libc included, the kernel's excluded. These counts do not depend on the machine's load.\n"
+            );
+            let _ = writeln!(out, "| path | instructions per request | vs relay |");
+            let _ = writeln!(out, "|---|---|---|");
+            let _ = writeln!(out, "| via TCP relay | {} | 1.00× |", counts.relay);
+            let _ = writeln!(
+                out,
+                "| via sidecar | {} | {:.2}× |",
+                counts.sidecar,
+                ratio(counts.sidecar as f64, counts.relay as f64)
+            );
+        }
         if let Some(hwm) = self.main_sidecar_hwm_kib {
             let _ = writeln!(
                 out,
@@ -1515,8 +1647,9 @@ async fn upstream_runs(
     report: &mut Report,
 ) -> Result<u64> {
     let (mut sidecar, sidecar_addr) =
-        start_sidecar(client, upstream.addr, dir, upstream.name).await?;
-    let (mut relay, relay_addr) = start_relay(client, upstream.addr, dir, upstream.name).await?;
+        start_sidecar(client, upstream.addr, dir, upstream.name, Launch::Plain).await?;
+    let (mut relay, relay_addr) =
+        start_relay(client, upstream.addr, dir, upstream.name, Launch::Plain).await?;
     let paths = Paths {
         upstream: upstream.name,
         endpoints: [
@@ -1582,6 +1715,7 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
         metadata: Vec::new(),
         streams: Vec::new(),
         memory: None,
+        instructions: None,
         main_sidecar_hwm_kib: None,
         notes: Vec::new(),
     };
@@ -1623,6 +1757,18 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
     // Memory under concurrent streams.
     if settings.memory {
         report.memory = Some(memory_phase(&settings, &client, upstream, dir, &chunk).await?);
+    }
+
+    // Instruction counts.
+    if settings.instructions {
+        if callgrind_available() {
+            report.instructions = Some(instructions_phase(&client, upstream, dir).await?);
+        } else {
+            report.notes.push(
+                "valgrind (callgrind) is not installed: no instruction counts (apt install valgrind)."
+                    .into(),
+            );
+        }
     }
 
     report.load_after = loadavg();
