@@ -1,13 +1,15 @@
 //! Benchmark of `bucketmap-sidecar`: the same requests sent straight to an
-//! upstream and through the release-built sidecar, in one run, every figure
-//! printed next to its ratio to the direct baseline. It is not a test: the
-//! targets are reported (met / MISSED), never asserted.
+//! upstream, through a plain TCP relay and through the release-built
+//! sidecar, in one run, every figure printed next to its ratio to the direct
+//! baseline. It is not a test: the targets are reported (met / MISSED),
+//! never asserted.
 //!
 //! ```sh
 //! cargo bench -p bucketmap-sidecar --bench proxy
 //! BUCKETMAP_BENCH_QUICK=1 cargo bench -p bucketmap-sidecar --bench proxy   # smoke run, small sizes
 //! BUCKETMAP_BENCH_SIDECAR_BIN=/path/to/bucketmap-sidecar cargo bench ...    # another build
-//! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,streaming,memory
+//! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,streaming,memory,instructions
+//! BUCKETMAP_SIDECAR_WORKER_THREADS=2 cargo bench ...    # the sidecar on two threads
 //! ```
 //!
 //! Upstreams:
@@ -20,24 +22,35 @@
 //!   tests use, from `tools/fake-gcs-server/install.sh`. Its figures are
 //!   skipped, with a note, when it cannot be had.
 //!
-//! Measurements (the sidecar runs as a child process with
-//! `--no-auth --map photos=photos-k3x9q2mw`; direct requests name the
-//! physical bucket, proxied ones the logical bucket):
+//! Paths (the sidecar runs as a child process with
+//! `--no-auth --map photos=photos-k3x9q2mw`; direct and relayed requests
+//! name the physical bucket, proxied ones the logical bucket):
+//! - direct: client to upstream;
+//! - via TCP relay: this binary again, as a child process, copying bytes
+//!   between two sockets with no HTTP at all. It pays what any user-space
+//!   proxy pays here (one more process, two more sockets, their wake-ups and
+//!   copies), so it is the floor against which the sidecar's own cost shows;
+//! - via sidecar.
+//!
+//! Measurements:
 //! 1. metadata latency: `GET /storage/v1/b/B/o/x` (JSON, rewritten by the
 //!    sidecar) at a fixed rate, open loop (requests are sent on schedule
-//!    whatever the answers do), in blocks alternating direct and proxied so
-//!    that background load hits both alike; latency percentiles and the
-//!    latency the sidecar adds;
+//!    whatever the answers do), in blocks that take turns between the paths
+//!    so that background load hits all alike; latency percentiles and the
+//!    latency each proxy adds;
 //! 2. streaming throughput of one large `uploadType=media` upload and one
-//!    `alt=media` download, alternating direct and proxied, median of the
+//!    `alt=media` download, the paths taking turns, median of the
 //!    repetitions;
 //! 3. the sidecar's memory: a fresh sidecar's idle RSS, then its peak RSS
 //!    (`VmHWM`) after 64 concurrent downloads and after 64 concurrent uploads,
-//!    with the aggregate throughput of those streams direct and proxied.
+//!    with the aggregate throughput of those streams direct and proxied;
+//! 4. instructions per metadata request through the relay and the sidecar,
+//!    counted by callgrind (skipped with a note without valgrind): the one
+//!    figure the machine's load does not move.
 //!
 //! With the latency and streaming figures goes the CPU time (from
-//! `/proc/PID/task/*/schedstat`) the sidecar spent on proxied requests,
-//! next to what the client and the upstream spent on direct ones.
+//! `/proc/PID/task/*/schedstat`) each path cost: the client's plus the
+//! upstream's for direct requests, the relay's, the sidecar's.
 //!
 //! The load client is a hyper-util pooled client on the bench's own
 //! single-threaded runtime; latencies run from the moment a request is
