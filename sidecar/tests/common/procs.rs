@@ -363,12 +363,24 @@ impl Sidecar {
     /// Start `bucketmap-sidecar --listen 127.0.0.1:PORT --upstream URL --no-auth ARGS...`
     /// and wait until it is ready (a map is loaded).
     pub fn start(log_dir: &Path, upstream: &str, args: &[String]) -> Result<Sidecar> {
-        Self::start_until(log_dir, upstream, args, Self::READYZ)
+        Self::start_until(log_dir, upstream, args, Self::READYZ, None)
     }
 
     /// Like [`Sidecar::start`], but only wait until it serves (ready or not).
     pub fn start_unready(log_dir: &Path, upstream: &str, args: &[String]) -> Result<Sidecar> {
-        Self::start_until(log_dir, upstream, args, Self::HEALTHZ)
+        Self::start_until(log_dir, upstream, args, Self::HEALTHZ, None)
+    }
+
+    /// Like [`Sidecar::start`], but with Application Default Credentials
+    /// from the file `credentials` (`GOOGLE_APPLICATION_CREDENTIALS`)
+    /// instead of `--no-auth`.
+    pub fn start_with_credentials(
+        log_dir: &Path,
+        upstream: &str,
+        args: &[String],
+        credentials: &Path,
+    ) -> Result<Sidecar> {
+        Self::start_until(log_dir, upstream, args, Self::READYZ, Some(credentials))
     }
 
     fn start_until(
@@ -376,23 +388,39 @@ impl Sidecar {
         upstream: &str,
         args: &[String],
         probe: &str,
+        credentials: Option<&Path>,
     ) -> Result<Sidecar> {
         let mut last_err = None;
         for attempt in 0..3 {
             let port = free_port()?;
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
             let mut cmd = Command::new(Self::bin());
-            cmd.args([
-                "--listen",
-                &addr.to_string(),
-                "--upstream",
-                upstream,
-                "--no-auth",
-            ])
-            .args(args);
+            cmd.args(["--listen", &addr.to_string(), "--upstream", upstream]);
+            match credentials {
+                Some(file) => {
+                    cmd.env("GOOGLE_APPLICATION_CREDENTIALS", file);
+                    // The token endpoint is on loopback: no proxy in between.
+                    for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                        cmd.env_remove(var);
+                    }
+                }
+                None => {
+                    cmd.arg("--no-auth");
+                }
+            }
+            cmd.args(args);
             cmd.env("NO_COLOR", "1");
             if std::env::var_os("RUST_LOG").is_none() {
-                cmd.env("RUST_LOG", "info");
+                // With credentials, every line a library may log too: a
+                // token must not show even there.
+                cmd.env(
+                    "RUST_LOG",
+                    if credentials.is_some() {
+                        "debug"
+                    } else {
+                        "info"
+                    },
+                );
             }
             let log = log_dir.join(format!("sidecar-{attempt}.log"));
             let mut proc = Proc::spawn("bucketmap-sidecar", &mut cmd, log)?;
