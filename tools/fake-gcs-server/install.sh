@@ -8,14 +8,15 @@
 #   2. otherwise
 #        ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/fake-gcs-server/<version>/fake-gcs-server
 #      (version read from go.mod next to this script), built from the pinned Go
-#      module on first use.
+#      module on first use (see ../lib.sh).
 #
-# Progress goes to stderr. Safe to run concurrently: builds are serialised with
-# flock and published atomically (built in a temporary directory, then renamed).
+# Progress goes to stderr. Safe to run concurrently.
 set -euo pipefail
 
-log() { printf 'fake-gcs-server: %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+tool=fake-gcs-server
+tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
+source "$tools_dir/../lib.sh"
 
 if [[ -n "${FAKE_GCS_SERVER_BIN:-}" ]]; then
   [[ -x "$FAKE_GCS_SERVER_BIN" ]] || die "FAKE_GCS_SERVER_BIN=$FAKE_GCS_SERVER_BIN is not an executable file (unset it to build one)"
@@ -23,56 +24,20 @@ if [[ -n "${FAKE_GCS_SERVER_BIN:-}" ]]; then
   exit 0
 fi
 
-tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 go_mod="$tools_dir/go.mod"
 [[ -f "$go_mod" ]] || die "missing $go_mod"
-
 module=github.com/fsouza/fake-gcs-server
-version="$(awk -v mod="$module" '($1 == mod || ($1 == "require" && $2 == mod)) { v = ($1 == "require") ? $3 : $2; if (v ~ /^v[0-9]/) { print v; exit } }' "$go_mod")"
+version="$(pinned_version "$module" "$go_mod")"
 [[ -n "$version" ]] || die "cannot find the $module version in $go_mod"
+dest="$(cache_root)/fake-gcs-server/$version"
 
-cache_root="${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}"
-dest="$cache_root/fake-gcs-server/$version"
-bin="$dest/fake-gcs-server"
+has_binary() { [[ -x "$1/fake-gcs-server" ]]; }
 
-if [[ -x "$bin" ]]; then
-  printf '%s\n' "$bin"
-  exit 0
-fi
+build() {
+  log "building $module $version into $dest"
+  log "(first run only; about two minutes, needs the Go module proxy or a warm module cache)"
+  (cd "$tools_dir" && go build -trimpath -ldflags="-s -w" -o "$1/fake-gcs-server" "$module")
+}
 
-command -v go >/dev/null 2>&1 || die "go is required to build fake-gcs-server (or set FAKE_GCS_SERVER_BIN)"
-command -v flock >/dev/null 2>&1 || die "flock (util-linux) is required"
-
-mkdir -p "$cache_root/fake-gcs-server"
-exec 9>"$dest.lock"
-if ! flock -n 9; then
-  log "waiting for another build of $dest ..."
-  flock 9
-fi
-
-# Another process may have finished the build while we waited for the lock.
-if [[ -x "$bin" ]]; then
-  printf '%s\n' "$bin"
-  exit 0
-fi
-
-tmp="$(mktemp -d "$cache_root/fake-gcs-server/.build.XXXXXX")"
-trap 'rm -rf -- "$tmp"' EXIT
-
-log "building $module $version into $dest"
-log "(first run only; about two minutes, needs the Go module proxy or a warm module cache)"
-start=$SECONDS
-(
-  cd "$tools_dir"
-  go build -trimpath -ldflags="-s -w" -o "$tmp/fake-gcs-server" "$module"
-) >&2 || die "go build failed"
-[[ -x "$tmp/fake-gcs-server" ]] || die "build did not produce fake-gcs-server"
-chmod 755 "$tmp"
-
-# Publish atomically: a partial directory left by a killed run is replaced.
-rm -rf -- "$dest"
-mv -T -- "$tmp" "$dest"
-trap - EXIT
-log "built in $((SECONDS - start))s"
-
-printf '%s\n' "$bin"
+build_once "$dest" has_binary build FAKE_GCS_SERVER_BIN
+printf '%s\n' "$dest/fake-gcs-server"

@@ -1,0 +1,57 @@
+# shellcheck shell=bash disable=SC2154  # `tool` is set by the sourcing script
+# Shared by tools/*/install.sh, which source it: each of them builds a Go tool
+# from the module version pinned in its go.mod, once, into a per-user cache.
+#
+# Builds are safe to run concurrently: they are serialised with flock on
+# DEST.lock and published atomically (built in a temporary directory next to
+# DEST, then renamed), so a killed run never leaves a half-built DEST.
+#
+# The sourcing script sets `tool` (its name in log lines) first.
+
+log() { printf '%s: %s\n' "$tool" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# pinned_version MODULE GO_MOD: the version GO_MOD requires MODULE at.
+pinned_version() {
+  awk -v mod="$1" '($1 == mod || ($1 == "require" && $2 == mod)) { v = ($1 == "require") ? $3 : $2; if (v ~ /^v[0-9]/) { print v; exit } }' "$2"
+}
+
+# The cache every tool is built into.
+cache_root() {
+  printf '%s\n' "${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}"
+}
+
+# build_once DEST COMPLETE BUILD OVERRIDE: unless `COMPLETE DEST` already
+# holds, runs `BUILD DIR` (a function writing the tool into the empty
+# directory DIR) and publishes DIR as DEST, under the lock. Fails unless
+# `COMPLETE DIR` holds after the build. OVERRIDE names the variable that
+# points at binaries of the user's own instead (for the error without Go).
+build_once() {
+  local dest=$1 complete=$2 build=$3 override=$4
+  "$complete" "$dest" && return 0
+
+  command -v go >/dev/null 2>&1 || die "go is required to build $tool (or set $override)"
+  command -v flock >/dev/null 2>&1 || die "flock (util-linux) is required"
+
+  mkdir -p "$(dirname -- "$dest")"
+  exec 9>"$dest.lock"
+  if ! flock -n 9; then
+    log "waiting for another build of $dest ..."
+    flock 9
+  fi
+  # Another process may have finished the build while we waited for the lock.
+  "$complete" "$dest" && return 0
+
+  build_tmp="$(mktemp -d "$(dirname -- "$dest")/.build.XXXXXX")"
+  trap 'rm -rf -- "$build_tmp"' EXIT
+  local start=$SECONDS
+  "$build" "$build_tmp" >&2 || die "go build failed"
+  "$complete" "$build_tmp" || die "the build did not produce what $dest needs"
+  chmod 755 "$build_tmp"
+
+  # Publish atomically: a partial directory left by a killed run is replaced.
+  rm -rf -- "$dest"
+  mv -T -- "$build_tmp" "$dest"
+  trap - EXIT
+  log "built in $((SECONDS - start))s"
+}
