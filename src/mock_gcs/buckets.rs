@@ -68,10 +68,8 @@ impl State {
         &self,
         request: &proto::GetBucketRequest,
     ) -> Result<proto::Bucket, Status> {
-        let id = parse_bucket_name(&request.name)?;
-        let bucket = self.existing_bucket(id)?;
-        check_metageneration(
-            bucket,
+        let (_, bucket) = self.bucket_matching(
+            &request.name,
             request.if_metageneration_match,
             request.if_metageneration_not_match,
         )?;
@@ -92,10 +90,8 @@ impl State {
             .ok_or_else(|| {
                 Status::invalid_argument("UpdateBucket needs a non-empty update_mask")
             })?;
-        let id = parse_bucket_name(&source.name)?;
-        let current = self.existing_bucket(id)?;
-        check_metageneration(
-            current,
+        let (id, current) = self.bucket_matching(
+            &source.name,
             request.if_metageneration_match,
             request.if_metageneration_not_match,
         )?;
@@ -120,10 +116,8 @@ impl State {
         &mut self,
         request: &proto::DeleteBucketRequest,
     ) -> Result<(), Status> {
-        let id = parse_bucket_name(&request.name)?;
-        let bucket = self.existing_bucket(id)?;
-        check_metageneration(
-            bucket,
+        let (id, _) = self.bucket_matching(
+            &request.name,
             request.if_metageneration_match,
             request.if_metageneration_not_match,
         )?;
@@ -135,6 +129,20 @@ impl State {
         self.buckets.remove(id);
         self.objects.remove(id);
         Ok(())
+    }
+
+    /// The bucket `name` (`projects/_/buckets/ID`) names, with its id, when
+    /// it exists and its metageneration satisfies both preconditions.
+    fn bucket_matching<'n>(
+        &self,
+        name: &'n str,
+        if_match: Option<i64>,
+        if_not_match: Option<i64>,
+    ) -> Result<(&'n str, &proto::Bucket), Status> {
+        let id = parse_bucket_name(name)?;
+        let bucket = self.existing_bucket(id)?;
+        check_metageneration(bucket, if_match, if_not_match)?;
+        Ok((id, bucket))
     }
 
     pub(crate) fn list_buckets(
