@@ -2,13 +2,12 @@
 //! ConfigMap directory and static entries, and lock-free swapping on reload.
 
 use std::collections::BTreeMap;
-
-use foldhash::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 
 use arc_swap::ArcSwapOption;
+use foldhash::HashMap;
 
 use crate::names::is_valid_bucket_name;
 

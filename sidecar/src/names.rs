@@ -12,7 +12,8 @@ pub fn is_bucket_char(b: u8) -> bool {
 /// concern: the sidecar only needs names that are safe to put in a path.
 pub fn is_valid_bucket_name(name: &str) -> bool {
     let bytes = name.as_bytes();
-    let max = if name.contains('.') { 222 } else { 63 };
+    let dotted = name.contains('.');
+    let max = if dotted { 222 } else { 63 };
     if bytes.len() < 3 || bytes.len() > max {
         return false;
     }
@@ -29,7 +30,8 @@ pub fn is_valid_bucket_name(name: &str) -> bool {
     {
         return false;
     }
-    max == 63 || name.parse::<std::net::Ipv4Addr>().is_err()
+    // Only a dotted name can be an IPv4 address.
+    !dotted || name.parse::<std::net::Ipv4Addr>().is_err()
 }
 
 #[cfg(test)]

@@ -256,7 +256,7 @@ fn rewrite_error(error: &RawValue, tr: &Translator<'_>) -> Option<Vec<u8>> {
 /// every member with a key is rewritten, so a repeated key cannot smuggle an
 /// untranslated name past the checks).
 struct Object<'a> {
-    members: Vec<(Key<'a>, Member<'a>)>,
+    members: Vec<(Text<'a>, Member<'a>)>,
     changed: bool,
 }
 
@@ -428,7 +428,9 @@ fn string_value(raw: &RawValue) -> Option<Cow<'_, str>> {
     if !raw.get().starts_with('"') {
         return None;
     }
-    serde_json::from_str::<Key<'_>>(raw.get()).ok().map(|k| k.0)
+    serde_json::from_str::<Text<'_>>(raw.get())
+        .ok()
+        .map(|t| t.0)
 }
 
 fn json_string(text: &str) -> Vec<u8> {
@@ -436,33 +438,34 @@ fn json_string(text: &str) -> Vec<u8> {
     serde_json::to_vec(text).unwrap_or_default()
 }
 
-/// A string borrowed from the body when it has no escapes, owned otherwise.
-struct Key<'a>(Cow<'a, str>);
+/// A JSON string (a member's key or a string value), borrowed from the body
+/// when it has no escapes, owned otherwise.
+struct Text<'a>(Cow<'a, str>);
 
-impl<'de> Deserialize<'de> for Key<'de> {
+impl<'de> Deserialize<'de> for Text<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a string")
             }
             fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Borrowed(v)))
+                Ok(Text(Cow::Borrowed(v)))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Owned(v.to_owned())))
+                Ok(Text(Cow::Owned(v.to_owned())))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Owned(v)))
+                Ok(Text(Cow::Owned(v)))
             }
         }
-        deserializer.deserialize_str(KeyVisitor)
+        deserializer.deserialize_str(TextVisitor)
     }
 }
 
 /// An object's members, in order, values borrowed unparsed.
-struct Members<'a>(Vec<(Key<'a>, &'a RawValue)>);
+struct Members<'a>(Vec<(Text<'a>, &'a RawValue)>);
 
 impl<'de> Deserialize<'de> for Members<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -474,7 +477,7 @@ impl<'de> Deserialize<'de> for Members<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut members = Vec::with_capacity(map.size_hint().unwrap_or(16));
-                while let Some(entry) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+                while let Some(entry) = map.next_entry::<Text<'de>, &'de RawValue>()? {
                     members.push(entry);
                 }
                 Ok(Members(members))
