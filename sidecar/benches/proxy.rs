@@ -509,24 +509,47 @@ async fn start_sidecar(
     tag: &str,
     launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
+    let log = dir.join(format!("sidecar-{tag}"));
+    start_on_free_port(
+        client,
+        "bucketmap-sidecar",
+        "/_bucketmap/readyz",
+        &log,
+        |addr| {
+            let mut cmd = launch.command(&sidecar_bin());
+            cmd.args(["--listen", &addr.to_string()])
+                .args(["--upstream", &format!("http://{upstream}")])
+                .arg("--no-auth")
+                .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1");
+            cmd
+        },
+    )
+    .await
+}
+
+/// Starts a child process listening on a free loopback port (the command
+/// `command(addr)`), its output in `LOG-<attempt>.log`, and waits until
+/// `probe` answers 200 there; a port lost to a race makes it try again.
+async fn start_on_free_port(
+    client: &HttpClient,
+    name: &'static str,
+    probe: &str,
+    log: &Path,
+    command: impl Fn(SocketAddr) -> Command,
+) -> Result<(Proc, SocketAddr)> {
     let mut last = None;
     for attempt in 0..3 {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-        let mut cmd = launch.command(&sidecar_bin());
-        cmd.args(["--listen", &addr.to_string()])
-            .args(["--upstream", &format!("http://{upstream}")])
-            .arg("--no-auth")
-            .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
-        let log = dir.join(format!("sidecar-{tag}-{attempt}.log"));
-        let mut proc = Proc::spawn("bucketmap-sidecar", &mut cmd, log)?;
-        match wait_ready(client, &mut proc, addr, "/_bucketmap/readyz").await {
+        let log = PathBuf::from(format!("{}-{attempt}.log", log.display()));
+        let mut proc = Proc::spawn(name, &mut command(addr), log)?;
+        match wait_ready(client, &mut proc, addr, probe).await {
             Ok(()) => return Ok((proc, addr)),
             Err(e) => last = Some(e),
         }
     }
-    Err(last.unwrap_or_else(|| anyhow!("the sidecar did not start")))
+    Err(last.unwrap_or_else(|| anyhow!("{name} did not start")))
 }
 
 /// Environment variable that turns this bench binary into the TCP relay:
@@ -556,7 +579,8 @@ fn relay_main(spec: &str) -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("relay runtime");
-    let served = runtime.block_on(async move {
+    // It serves until killed: only an error ends it.
+    let served: std::io::Result<()> = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         loop {
             let (mut inbound, _) = listener.accept().await?;
@@ -575,8 +599,6 @@ fn relay_main(spec: &str) -> std::process::ExitCode {
                 .await;
             });
         }
-        #[allow(unreachable_code)]
-        std::io::Result::Ok(())
     });
     if let Err(e) = served {
         eprintln!("relay on {listen}: {e}");
@@ -593,20 +615,14 @@ async fn start_relay(
     launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
     let exe = std::env::current_exe().context("cannot find the bench binary")?;
-    let mut last = None;
-    for attempt in 0..3 {
-        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let probe = format!("/storage/v1/b/{PHYSICAL}/o/x");
+    let log = dir.join(format!("relay-{tag}"));
+    start_on_free_port(client, "relay", &probe, &log, |addr| {
         let mut cmd = launch.command(&exe);
         cmd.env(RELAY_ENV, format!("{addr},{upstream}"));
-        let log = dir.join(format!("relay-{tag}-{attempt}.log"));
-        let mut proc = Proc::spawn("relay", &mut cmd, log)?;
-        let probe = format!("/storage/v1/b/{PHYSICAL}/o/x");
-        match wait_ready(client, &mut proc, addr, &probe).await {
-            Ok(()) => return Ok((proc, addr)),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| anyhow!("the relay did not start")))
+        cmd
+    })
+    .await
 }
 
 /// The fake-gcs-server binary from the repository's install script.
@@ -1315,49 +1331,56 @@ async fn instructions_phase(
     upstream: SocketAddr,
     dir: &Path,
 ) -> Result<InstructionFigures> {
-    let mut counts = [0u64; 2];
-    for (index, label) in ["relay", "sidecar"].into_iter().enumerate() {
-        eprintln!(
-            "[instructions] {COUNTED_REQUESTS} metadata GETs via the {label} under callgrind"
-        );
-        let out = dir.join(format!("callgrind-{label}.out"));
-        let launch = Launch::Callgrind(&out);
-        let (mut proc, addr) = if index == 0 {
-            start_relay(client, upstream, dir, "callgrind", launch).await?
-        } else {
-            start_sidecar(client, upstream, dir, "callgrind", launch).await?
-        };
-        let endpoint = Endpoint {
-            label,
-            addr,
-            bucket: if index == 0 { PHYSICAL } else { LOGICAL },
-        };
-        for _ in 0..200 {
-            get_metadata(client, endpoint.metadata()).await?;
-        }
-        callgrind_control(&["-z", &proc.pid().to_string()])?;
-        for i in 0..COUNTED_REQUESTS {
-            let (_, body) = get_metadata(client, endpoint.metadata()).await?;
-            if i == 0 {
-                check_bucket_field(&body, endpoint.bucket)?;
-            }
-        }
-        callgrind_control(&["-d", &proc.pid().to_string()])?;
-        proc.check_running()?;
-        let dump = PathBuf::from(format!("{}.1", out.display()));
-        let text = std::fs::read_to_string(&dump)
-            .with_context(|| format!("cannot read the callgrind dump {}", dump.display()))?;
-        let total: u64 = text
-            .lines()
-            .find_map(|line| line.strip_prefix("summary:"))
-            .and_then(|n| n.trim().parse().ok())
-            .ok_or_else(|| anyhow!("no summary line in {}", dump.display()))?;
-        counts[index] = total / COUNTED_REQUESTS;
+    let out = dir.join("callgrind-relay.out");
+    let (relay, addr) =
+        start_relay(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
+    let relay = count_instructions(client, relay, addr, PHYSICAL, &out).await?;
+    let out = dir.join("callgrind-sidecar.out");
+    let (sidecar, addr) =
+        start_sidecar(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
+    let sidecar = count_instructions(client, sidecar, addr, LOGICAL, &out).await?;
+    Ok(InstructionFigures { relay, sidecar })
+}
+
+/// Instructions per metadata GET of `proc`, a proxy at `addr` running under
+/// callgrind (counts in `out`), reaching the object through `bucket`.
+async fn count_instructions(
+    client: &HttpClient,
+    mut proc: Proc,
+    addr: SocketAddr,
+    bucket: &'static str,
+    out: &Path,
+) -> Result<u64> {
+    eprintln!(
+        "[instructions] {COUNTED_REQUESTS} metadata GETs via {} under callgrind",
+        proc.name
+    );
+    let endpoint = Endpoint {
+        label: proc.name,
+        addr,
+        bucket,
+    };
+    for _ in 0..200 {
+        get_metadata(client, endpoint.metadata()).await?;
     }
-    Ok(InstructionFigures {
-        relay: counts[0],
-        sidecar: counts[1],
-    })
+    callgrind_control(&["-z", &proc.pid().to_string()])?;
+    for i in 0..COUNTED_REQUESTS {
+        let (_, body) = get_metadata(client, endpoint.metadata()).await?;
+        if i == 0 {
+            check_bucket_field(&body, endpoint.bucket)?;
+        }
+    }
+    callgrind_control(&["-d", &proc.pid().to_string()])?;
+    proc.check_running()?;
+    let dump = PathBuf::from(format!("{}.1", out.display()));
+    let text = std::fs::read_to_string(&dump)
+        .with_context(|| format!("cannot read the callgrind dump {}", dump.display()))?;
+    let total: u64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("summary:"))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no summary line in {}", dump.display()))?;
+    Ok(total / COUNTED_REQUESTS)
 }
 
 fn callgrind_control(args: &[&str]) -> Result<()> {
