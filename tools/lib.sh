@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154  # `tool` is set by the sourcing script
+# shellcheck shell=bash disable=SC2154  # `tool` and `tools_dir` are set by the sourcing script
 # Shared by tools/*/install.sh, which source it: each of them builds a Go tool
 # from the module version pinned in its go.mod, once, into a per-user cache.
 #
@@ -6,14 +6,30 @@
 # DEST.lock and published atomically (built in a temporary directory next to
 # DEST, then renamed), so a killed run never leaves a half-built DEST.
 #
-# The sourcing script sets `tool` (its name in log lines) first.
+# The sourcing script sets `tool` (its name in log lines) and `tools_dir`
+# (its own directory) first.
 
 log() { printf '%s: %s\n' "$tool" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# pinned_version MODULE GO_MOD: the version GO_MOD requires MODULE at.
+# binary_override VAR: when the variable VAR is set, prints its value and
+# exits (the value must be an executable file); otherwise does nothing.
+binary_override() {
+  local value="${!1:-}"
+  [[ -n "$value" ]] || return 0
+  [[ -x "$value" ]] || die "$1=$value is not an executable file (unset it to build one)"
+  printf '%s\n' "$value"
+  exit 0
+}
+
+# pinned_version MODULE: the version the go.mod next to the sourcing script
+# (in $tools_dir) requires MODULE at; dies when there is none.
 pinned_version() {
-  awk -v mod="$1" '($1 == mod || ($1 == "require" && $2 == mod)) { v = ($1 == "require") ? $3 : $2; if (v ~ /^v[0-9]/) { print v; exit } }' "$2"
+  local go_mod="$tools_dir/go.mod" version
+  [[ -f "$go_mod" ]] || die "missing $go_mod"
+  version="$(awk -v mod="$1" '($1 == mod || ($1 == "require" && $2 == mod)) { v = ($1 == "require") ? $3 : $2; if (v ~ /^v[0-9]/) { print v; exit } }' "$go_mod")"
+  [[ -n "$version" ]] || die "cannot find the $1 version in $go_mod"
+  printf '%s\n' "$version"
 }
 
 # The cache every tool is built into.

@@ -29,12 +29,8 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   die "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS does not hold both kube-apiserver and etcd (unset it to build them)"
 fi
 
-go_mod="$tools_dir/go.mod"
-[[ -f "$go_mod" ]] || die "missing $go_mod"
-k8s_version="$(pinned_version k8s.io/kubernetes "$go_mod")"
-etcd_version="$(pinned_version go.etcd.io/etcd/server/v3 "$go_mod")"
-[[ -n "$k8s_version" ]] || die "cannot find the k8s.io/kubernetes version in $go_mod"
-[[ -n "$etcd_version" ]] || die "cannot find the go.etcd.io/etcd/server/v3 version in $go_mod"
+k8s_version="$(pinned_version k8s.io/kubernetes)"
+etcd_version="$(pinned_version go.etcd.io/etcd/server/v3)"
 assets="$(cache_root)/envtest/k8s-$k8s_version-etcd-$etcd_version"
 
 build() {

@@ -18,17 +18,10 @@ tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$tools_dir/../lib.sh"
 
-if [[ -n "${FAKE_GCS_SERVER_BIN:-}" ]]; then
-  [[ -x "$FAKE_GCS_SERVER_BIN" ]] || die "FAKE_GCS_SERVER_BIN=$FAKE_GCS_SERVER_BIN is not an executable file (unset it to build one)"
-  printf '%s\n' "$FAKE_GCS_SERVER_BIN"
-  exit 0
-fi
+binary_override FAKE_GCS_SERVER_BIN
 
-go_mod="$tools_dir/go.mod"
-[[ -f "$go_mod" ]] || die "missing $go_mod"
 module=github.com/fsouza/fake-gcs-server
-version="$(pinned_version "$module" "$go_mod")"
-[[ -n "$version" ]] || die "cannot find the $module version in $go_mod"
+version="$(pinned_version "$module")"
 dest="$(cache_root)/fake-gcs-server/$version"
 
 has_binary() { [[ -x "$1/fake-gcs-server" ]]; }

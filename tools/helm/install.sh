@@ -16,17 +16,10 @@ tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$tools_dir/../lib.sh"
 
-if [[ -n "${HELM_BIN:-}" ]]; then
-  [[ -x "$HELM_BIN" ]] || die "HELM_BIN=$HELM_BIN is not an executable file (unset it to build one)"
-  printf '%s\n' "$HELM_BIN"
-  exit 0
-fi
+binary_override HELM_BIN
 
-go_mod="$tools_dir/go.mod"
-[[ -f "$go_mod" ]] || die "missing $go_mod"
 module=helm.sh/helm/v3
-version="$(pinned_version "$module" "$go_mod")"
-[[ -n "$version" ]] || die "cannot find the $module version in $go_mod"
+version="$(pinned_version "$module")"
 dest="$(cache_root)/helm/$version"
 
 has_binary() { [[ -x "$1/helm" ]]; }
