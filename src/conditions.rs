@@ -31,6 +31,8 @@ pub mod reason {
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
     /// Another resource in the namespace maps the same logical name.
     pub const MAPPING_CONFLICT: &str = "MappingConflict";
+    /// The namespace's bucket map has no room left for the entry.
+    pub const MAP_FULL: &str = "MapFull";
     /// The bucket at the recorded name is not ours.
     pub const NOT_OWNED: &str = "NotOwned";
 }

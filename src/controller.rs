@@ -23,12 +23,13 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
+use crate::bucket_map::{self, BucketMaps, MapSettings, Verdict};
 use crate::conditions::{self, READY, reason};
 use crate::crd::{DeletionPolicy, FINALIZER, Gcs, GcsStatus};
 use crate::gcs::{GcsClient, GcsErrorKind, Pacer};
 use crate::metrics::Metrics;
 use crate::naming::{self, Identity, OWNER_LABEL};
-use crate::publish::{self, PublishError, PublishedCache};
+use crate::publish;
 use crate::settings::Settings;
 use crate::{Error, Result};
 
@@ -54,6 +55,10 @@ pub struct OperatorConfig {
     pub bucket_ops_interval: Option<Duration>,
     /// Name of the per-namespace ConfigMap holding the bucket map.
     pub map_name: String,
+    /// Budget of one namespace's bucket map (see [`crate::bucket_map`]).
+    pub map_max_bytes: usize,
+    /// Pause between the first claim of a burst and the map write.
+    pub map_debounce: Duration,
 }
 
 impl Default for OperatorConfig {
@@ -66,6 +71,8 @@ impl Default for OperatorConfig {
             concurrency: 32,
             bucket_ops_interval: Some(Duration::from_secs(2)),
             map_name: "bucketmap".to_owned(),
+            map_max_bytes: bucket_map::DEFAULT_MAX_MAP_BYTES,
+            map_debounce: bucket_map::DEFAULT_DEBOUNCE,
         }
     }
 }
@@ -79,7 +86,8 @@ pub struct Context {
     pub config: OperatorConfig,
     pacer: Pacer,
     namespaces: Store<PartialObjectMeta<Namespace>>,
-    published: PublishedCache,
+    maps: Arc<BucketMaps>,
+    secrets: Store<k8s_openapi::api::core::v1::Secret>,
     /// The namespace cache holds every namespace: projects can be resolved.
     namespaces_synced: Arc<std::sync::atomic::AtomicBool>,
     failures: Mutex<HashMap<ObjectRef<Gcs>, u32>>,
@@ -135,7 +143,20 @@ pub async fn run(
     };
     let pacer = Pacer::new(config.bucket_ops_interval);
     let concurrency = config.concurrency;
-    let (published, cache_tasks) = watch_published(&client, &config);
+    let (configmaps, secrets, cache_tasks) = watch_published(&client, &config);
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+    let maps = BucketMaps::new(
+        client.clone(),
+        metrics.clone(),
+        MapSettings {
+            map_name: config.map_name.clone(),
+            max_bytes: config.map_max_bytes,
+            debounce: config.map_debounce,
+        },
+        reader.clone(),
+        configmaps,
+        wake,
+    );
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -144,13 +165,16 @@ pub async fn run(
         config,
         pacer,
         namespaces: ns_reader.clone(),
-        published,
+        maps,
+        secrets,
         namespaces_synced: Arc::default(),
         failures: Mutex::new(HashMap::new()),
     });
 
     let controller = Controller::for_stream(gcs_stream, reader.clone())
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+        // Refused map claims that may now succeed (an entry left the map).
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken));
     let store = controller.store();
     // A namespace's project annotation changed: look at its resources again.
     let controller = controller.watches_stream(ns_stream, move |ns| {
@@ -203,13 +227,19 @@ pub async fn run(
     }
 }
 
-/// Caches of the published ConfigMaps and binding Secrets, kept by
-/// background watches (they trigger nothing: our own writes would only
-/// cause reconciles that change nothing).
+/// Caches of the bucket maps and binding Secrets, kept by background
+/// watches (they trigger nothing: our own writes would only cause reconciles
+/// that change nothing). The maps keep their `managedFields` (one entry per
+/// writer) so that the writer can see field managers of earlier versions.
+#[allow(clippy::type_complexity)]
 fn watch_published(
     client: &kube::Client,
     config: &OperatorConfig,
-) -> (PublishedCache, [tokio::task::JoinHandle<()>; 2]) {
+) -> (
+    Store<k8s_openapi::api::core::v1::ConfigMap>,
+    Store<k8s_openapi::api::core::v1::Secret>,
+    [tokio::task::JoinHandle<()>; 2],
+) {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let (cm_api, secret_api): (Api<ConfigMap>, Api<Secret>) = match &config.namespace {
         Some(ns) => (
@@ -229,24 +259,17 @@ fn watch_published(
     let cm_task = tokio::spawn(
         watcher(cm_api, cm_watch)
             .default_backoff()
-            .modify(|o: &mut k8s_openapi::api::core::v1::ConfigMap| o.managed_fields_mut().clear())
             .reflect(cm_writer)
             .for_each(|_| async {}),
     );
     let secret_task = tokio::spawn(
         watcher(secret_api, secret_watch)
             .default_backoff()
-            .modify(|o: &mut k8s_openapi::api::core::v1::Secret| o.managed_fields_mut().clear())
+            .modify(|o: &mut Secret| o.managed_fields_mut().clear())
             .reflect(secret_writer)
             .for_each(|_| async {}),
     );
-    (
-        PublishedCache {
-            configmaps,
-            secrets,
-        },
-        [cm_task, secret_task],
-    )
+    (configmaps, secrets, [cm_task, secret_task])
 }
 
 /// Entry point of one reconciliation.
@@ -527,25 +550,18 @@ async fn apply(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> R
         .await;
     }
 
-    // Publish before reporting Ready: the map lists Ready buckets only.
-    let published = publish::publish(
-        &ctx.client,
-        &ctx.published,
-        &ctx.config.map_name,
-        &obj,
-        &physical,
-        &project,
-    )
-    .await;
-    match published {
-        Ok(_) => {}
-        Err(PublishError::LogicalNameTaken(message)) => {
-            status.ready(false, reason::MAPPING_CONFLICT, message);
-            status.flush().await?;
-            return Ok(requeue);
-        }
-        Err(PublishError::Other(e)) => return Err(e),
+    // Publish before reporting Ready: Ready means the map has the entry.
+    let refused = match ctx.maps.publish(&obj, &physical).await? {
+        Verdict::Published => None,
+        Verdict::Conflict(message) => Some((reason::MAPPING_CONFLICT, message)),
+        Verdict::TooLarge(message) => Some((reason::MAP_FULL, message)),
+    };
+    if let Some((why, message)) = refused {
+        status.ready(false, why, message);
+        status.flush().await?;
+        return Ok(requeue);
     }
+    publish::write_binding(&ctx.client, &ctx.secrets, &obj, &physical, &project).await?;
     status.status.binding = Some(crate::crd::BindingReference {
         name: publish::binding_secret_name(&obj.name_any()),
     });
@@ -704,7 +720,8 @@ async fn ensure_bucket(
 async fn cleanup(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> Result<Action> {
     let st = status.status.clone();
     // The workloads lose the name first, whatever happens to the bucket.
-    publish::unpublish(&ctx.client, &ctx.config.map_name, &obj).await?;
+    ctx.maps.unpublish(&obj).await?;
+    publish::delete_binding(&ctx.client, &obj).await?;
     if obj.spec.deletion_policy == DeletionPolicy::Orphan {
         if let Some(physical) = &st.bucket_full_name {
             ctx.event(

@@ -11,6 +11,7 @@
 //!   GCS, used by the tests, the benchmark and `bucketmap dev`.
 
 pub mod bench;
+pub mod bucket_map;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
@@ -37,6 +38,35 @@ pub fn install_crypto_provider() {
     }
 }
 
+/// Resolves on SIGTERM or SIGINT (ctrl-c) with the signal's name. A signal
+/// that cannot be listened for is logged and never fires.
+pub async fn termination_signal() -> &'static str {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => "SIGINT",
+        _ = term => "SIGTERM",
+    }
+}
+
 /// Errors of a reconciliation.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -56,6 +86,9 @@ pub enum Error {
     /// The object lacks a field every stored object has.
     #[error("object has no {0}")]
     MissingField(&'static str),
+    /// The bucket map could not be written.
+    #[error("bucket map: {0}")]
+    Publish(String),
     /// Adding or removing the finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -69,6 +102,7 @@ impl Error {
             Error::Gcs(e) => format!("gcs_{}", e.code_label().to_ascii_lowercase()),
             Error::DeletionBlocked(_) => "deletion_blocked".into(),
             Error::MissingField(_) => "missing_field".into(),
+            Error::Publish(_) => "publish".into(),
             Error::Finalizer(_) => "finalizer".into(),
         }
     }

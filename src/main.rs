@@ -89,6 +89,15 @@ struct OperatorArgs {
     /// Name of the per-namespace ConfigMap that maps logical to physical names.
     #[arg(long, default_value = "bucketmap")]
     map_name: String,
+    /// Bytes one namespace's bucket map may hold (entries count twice their
+    /// logical name, plus the physical name and 16). The default fits the API
+    /// server's and etcd's limits; resources beyond it report MapFull.
+    #[arg(long, default_value_t = bucketmap::bucket_map::DEFAULT_MAX_MAP_BYTES)]
+    map_max_bytes: usize,
+    /// Pause between the first change of a namespace's bucket map and its
+    /// write, so that a burst of new resources makes one write.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    map_debounce: Duration,
     /// Run as one of several replicas: only the holder of a Lease reconciles.
     #[arg(long)]
     leader_elect: bool,
@@ -171,31 +180,14 @@ fn operator_config(args: &OperatorArgs) -> OperatorConfig {
         concurrency: args.concurrency,
         bucket_ops_interval: Some(args.bucket_ops_interval),
         map_name: args.map_name.clone(),
+        map_max_bytes: args.map_max_bytes,
+        map_debounce: args.map_debounce,
     }
 }
 
 async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for ctrl-c");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    let signal = bucketmap::termination_signal().await;
+    tracing::info!(signal, "shutting down");
 }
 
 async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {

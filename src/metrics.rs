@@ -28,6 +28,11 @@ struct GcsCallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
     method: String,
 }
@@ -41,6 +46,7 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     gcs_calls: Family<GcsCallLabels, Counter>,
     gcs_duration: Family<MethodLabels, Histogram>,
+    map_writes: Family<ResultLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -78,8 +84,15 @@ impl Default for Metrics {
             "Duration of GCS API calls by method",
             gcs_duration.clone(),
         );
+        let map_writes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "bucket_map_writes",
+            "Writes of namespaces' bucket map ConfigMaps by result (written, conflict, error)",
+            map_writes.clone(),
+        );
         Metrics {
             registry,
+            map_writes,
             reconciles,
             failures,
             reconcile_duration,
@@ -106,6 +119,20 @@ impl Metrics {
                 error: error.to_owned(),
             })
             .inc();
+    }
+
+    /// Counts one write of a bucket map by its result.
+    pub fn map_written(&self, result: &'static str) {
+        self.map_writes
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Bucket map writes so far with this result.
+    pub fn map_writes(&self, result: &'static str) -> u64 {
+        self.map_writes
+            .get_or_create(&ResultLabels { result })
+            .get()
     }
 
     /// Records one GCS call.

@@ -583,7 +583,7 @@ impl Drop for Process {
 /// Asks Linux to SIGKILL the child when the thread that spawned it dies, so a
 /// crashed or killed test never leaves a control plane running.
 #[cfg(target_os = "linux")]
-fn die_with_parent(command: &mut Command) {
+pub fn die_with_parent(command: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only calls
     // prctl, which is async-signal-safe, and allocates nothing.
     unsafe {
@@ -598,7 +598,7 @@ fn die_with_parent(command: &mut Command) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn die_with_parent(_command: &mut Command) {}
+pub fn die_with_parent(_command: &mut Command) {}
 
 /// A control plane that answered `/readyz`.
 struct Running {

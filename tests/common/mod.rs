@@ -43,6 +43,7 @@ pub fn test_config(ns: &str) -> OperatorConfig {
         concurrency: 16,
         bucket_ops_interval: None,
         map_name: "bucketmap".to_owned(),
+        ..OperatorConfig::default()
     }
 }
 

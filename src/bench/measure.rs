@@ -1,0 +1,201 @@
+//! What the benchmark reads: the operator process (RSS, reconciles) and the
+//! API server's own metrics (writes by resource, CPU seconds).
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use crate::testenv::{self, TestEnv};
+
+/// `bucketmap operator` as a child process, watching every namespace.
+pub struct Operator {
+    child: tokio::process::Child,
+    metrics_addr: String,
+}
+
+impl Operator {
+    /// Starts the operator and waits until it serves its metrics.
+    pub async fn start(
+        env: &TestEnv,
+        gcs_endpoint: &str,
+        resync: Duration,
+    ) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find the bucketmap binary")?;
+        let port = crate::demo::free_port()?;
+        let mut command = tokio::process::Command::new(exe);
+        command
+            .args(["operator", "--gcs-anonymous"])
+            .args(["--default-project", "bench-project"])
+            .args(["--gcs-endpoint", gcs_endpoint])
+            .args(["--bucket-ops-interval", "0s"])
+            .args(["--resync", &humantime::format_duration(resync).to_string()])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", env.kubeconfig_path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        // Killed with the bench, even by SIGKILL.
+        testenv::die_with_parent(&mut command);
+        let child = command
+            .spawn()
+            .context("cannot start the operator process")?;
+        let operator = Operator {
+            child,
+            metrics_addr: format!("127.0.0.1:{port}"),
+        };
+        wait_until(Duration::from_secs(60), "operator metrics", async || {
+            Ok(operator.metrics().await.is_ok())
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(operator)
+    }
+
+    fn pid(&self) -> anyhow::Result<u32> {
+        self.child.id().context("operator exited")
+    }
+
+    /// Peak resident set size (VmHWM) in bytes.
+    pub fn peak_rss(&self) -> anyhow::Result<u64> {
+        proc_status_kib(self.pid()?, "VmHWM").map(|k| k * 1024)
+    }
+
+    pub fn rss(&self) -> anyhow::Result<u64> {
+        proc_status_kib(self.pid()?, "VmRSS").map(|k| k * 1024)
+    }
+
+    async fn metrics(&self) -> anyhow::Result<String> {
+        let (status, text) = crate::demo::http(&self.metrics_addr, "GET", "/metrics", "").await?;
+        anyhow::ensure!(status == 200, "operator metrics answered {status}");
+        Ok(text)
+    }
+
+    pub async fn reconciles(&self) -> anyhow::Result<f64> {
+        Ok(sample(
+            &self.metrics().await?,
+            "bucketmap_reconciles_total",
+            |_| true,
+        ))
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .context("cannot read /proc status")?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Sums the samples of `metric` whose label set passes `labels`.
+fn sample(text: &str, metric: &str, labels: impl Fn(&str) -> bool) -> f64 {
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(metric)?;
+            let (labelset, value) = match rest.strip_prefix('{') {
+                Some(r) => r.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            labels(labelset).then(|| value.split_whitespace().next()?.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Resources whose writes the report counts.
+const WRITTEN: [(&str, &str); 4] = [
+    ("bucket maps (configmaps)", "resource=\"configmaps\""),
+    ("binding secrets", "resource=\"secrets\""),
+    ("events", "resource=\"events\""),
+    ("gcs (spec, finalizer, status)", "resource=\"gcs\""),
+];
+
+/// The API server's counters at one moment.
+pub struct ApiCounters {
+    pub cpu: f64,
+    writes: BTreeMap<&'static str, f64>,
+}
+
+impl ApiCounters {
+    pub async fn read(client: &kube::Client) -> anyhow::Result<Self> {
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .context("cannot build the metrics request")?;
+        let text = client
+            .request_text(request)
+            .await
+            .context("cannot read the API server's metrics")?;
+        let is_write = |labels: &str| {
+            ["CREATE", "UPDATE", "PATCH", "APPLY", "DELETE"]
+                .iter()
+                .any(|verb| labels.contains(&format!("verb=\"{verb}\"")))
+        };
+        let writes = WRITTEN
+            .iter()
+            .map(|(what, resource)| {
+                let n = sample(&text, "apiserver_request_total", |l| {
+                    l.contains(resource) && is_write(l)
+                });
+                (*what, n)
+            })
+            .collect();
+        Ok(ApiCounters {
+            cpu: sample(&text, "process_cpu_seconds_total", |_| true),
+            writes,
+        })
+    }
+
+    /// Writes per resource since `before`.
+    pub fn writes_since(&self, before: &ApiCounters, n: usize) -> BTreeMap<&'static str, f64> {
+        self.writes
+            .iter()
+            .map(|(what, now)| {
+                let then = before.writes.get(what).copied().unwrap_or(0.0);
+                (*what, (now - then) / n as f64)
+            })
+            .collect()
+    }
+}
+
+/// Polls `check` every 250 ms until it holds or `timeout` passes.
+pub async fn wait_until(
+    timeout: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !check().await? {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{what} not reached within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_summed_by_label() {
+        let text = "# HELP x\n\
+            apiserver_request_total{code=\"201\",resource=\"configmaps\",verb=\"APPLY\"} 3\n\
+            apiserver_request_total{code=\"409\",resource=\"configmaps\",verb=\"APPLY\"} 2\n\
+            apiserver_request_total{code=\"200\",resource=\"configmaps\",verb=\"GET\"} 7\n\
+            process_cpu_seconds_total 12.5\n";
+        let applies = sample(text, "apiserver_request_total", |l| l.contains("APPLY"));
+        assert_eq!(applies, 5.0);
+        assert_eq!(sample(text, "process_cpu_seconds_total", |_| true), 12.5);
+        assert_eq!(sample(text, "missing_total", |_| true), 0.0);
+    }
+}

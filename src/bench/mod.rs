@@ -1,0 +1,335 @@
+//! `bucketmap bench`: the operator as it ships (bucket map and binding
+//! Secrets included) at scale against the mock GCS.
+//!
+//! Each shape (N resources over K namespaces) gets a fresh control plane and
+//! mock GCS. First the baseline: the API server alone stores the same N
+//! objects over K namespaces (nobody reconciles; they are then deleted).
+//! Then `bucketmap operator` runs as a separate process watching every
+//! namespace, as it does when installed, so its peak RSS is its own; the N
+//! resources are created again and the bench waits until all are Ready.
+//! Every figure is printed next to its baseline from the same run. The API
+//! server's own metrics count the writes per resource and its CPU seconds.
+//!
+//! SIGTERM or ctrl-c stops the bench and everything it started: children are
+//! killed when their handles drop, and die with the bench if it is killed.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+use crate::crd::Gcs;
+use crate::mock_gcs::{MockGcs, MockHandle};
+use crate::testenv::{self, TestEnv};
+
+/// N resources spread evenly over K namespaces, written `NxK`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub resources: usize,
+    pub namespaces: usize,
+}
+
+impl FromStr for Shape {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (n, k) = s.split_once('x').unwrap_or((s, "1"));
+        let parse = |v: &str| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|v| *v > 0)
+                .ok_or_else(|| format!("{s:?} is not N or NxK with positive whole numbers"))
+        };
+        Ok(Shape {
+            resources: parse(n)?,
+            namespaces: parse(k)?,
+        })
+    }
+}
+
+/// Options of `bucketmap bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Shapes to measure: N resources over K namespaces as NxK (N alone: one namespace).
+    #[arg(long, value_delimiter = ',', default_value = "1000x1,5000x1,5000x100")]
+    pub shapes: Vec<Shape>,
+    /// Resync period given to the operator for the steady-state measurement.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub resync: Duration,
+    /// Skip the steady-state measurement (two resync periods per shape).
+    #[arg(long)]
+    pub no_steady_state: bool,
+    /// Concurrent creates sent to the API server.
+    #[arg(long, default_value_t = 16)]
+    pub create_parallelism: usize,
+    /// Give up (and fail) when not all resources are Ready within this time.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub ready_timeout: Duration,
+}
+
+mod measure;
+
+use measure::{ApiCounters, Operator, wait_until};
+
+/// What one shape measured.
+struct Report {
+    shape: Shape,
+    baseline: Duration,
+    to_ready: Duration,
+    reconciles: f64,
+    writes: BTreeMap<&'static str, f64>,
+    apiserver_cpu: f64,
+    baseline_apiserver_cpu: f64,
+    create_calls: usize,
+    steady: Option<(f64, usize)>,
+    peak_rss: u64,
+    idle_rss: u64,
+}
+
+/// Runs the benchmark and prints a report; stops everything on SIGTERM/ctrl-c.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    tokio::select! {
+        result = run(args) => result,
+        signal = crate::termination_signal() => {
+            // Returning drops the run: its children are killed on drop.
+            anyhow::bail!("{signal}: benchmark interrupted; stopped everything it started")
+        }
+    }
+}
+
+async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    println!("# bucketmap operator benchmark");
+    println!(
+        "the operator as shipped (all namespaces, bucket map, binding Secrets), pacing off, mock GCS on loopback, resync {:?}\n",
+        args.resync
+    );
+    let mut all_ready = true;
+    for &shape in &args.shapes {
+        let report = measure_shape(&args, shape).await?;
+        print_report(&report);
+        all_ready &= report.to_ready < args.ready_timeout;
+    }
+    anyhow::ensure!(all_ready, "not every shape reached all Ready");
+    Ok(())
+}
+
+async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report> {
+    eprintln!(
+        "{}x{}: starting a local control plane and the mock GCS...",
+        shape.resources, shape.namespaces
+    );
+    let env = TestEnv::start().await?;
+    let client = env.client().await?;
+    crate::dev::install_crd(&client).await?;
+    let mock = MockGcs::start().await?;
+    let gcs = mock.handle();
+
+    let before = ApiCounters::read(&client).await?;
+    let base_ns = namespaces(&client, "bench-base", shape.namespaces).await?;
+    let baseline = create_many(&client, &base_ns, shape.resources, args.create_parallelism).await?;
+    let baseline_apiserver_cpu = ApiCounters::read(&client).await?.cpu - before.cpu;
+    for ns in &base_ns {
+        let api: Api<Gcs> = Api::namespaced(client.clone(), ns);
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .with_context(|| format!("delete the baseline objects of {ns}"))?;
+    }
+
+    let operator = Operator::start(&env, &mock.endpoint(), args.resync).await?;
+    let idle_rss = operator.rss()?;
+    let namespaces = namespaces(&client, "bench", shape.namespaces).await?;
+    gcs.reset_calls();
+    let before = ApiCounters::read(&client).await?;
+    let started = Instant::now();
+    create_many(
+        &client,
+        &namespaces,
+        shape.resources,
+        args.create_parallelism,
+    )
+    .await?;
+    wait_all_ready(&client, shape.resources, args.ready_timeout).await?;
+    let to_ready = started.elapsed();
+    let after = ApiCounters::read(&client).await?;
+    let reconciles = operator.reconciles().await?;
+    let create_calls = gcs.calls().len();
+    let steady = if args.no_steady_state {
+        None
+    } else {
+        Some(steady_state(&gcs, shape.resources, args.resync).await)
+    };
+    let peak_rss = operator.peak_rss()?;
+    operator.stop().await;
+    mock.shutdown().await;
+    drop(env);
+    Ok(Report {
+        shape,
+        baseline,
+        to_ready,
+        reconciles,
+        writes: after.writes_since(&before, shape.resources),
+        apiserver_cpu: after.cpu - before.cpu,
+        baseline_apiserver_cpu,
+        create_calls,
+        steady,
+        peak_rss,
+        idle_rss,
+    })
+}
+
+async fn namespaces(client: &kube::Client, prefix: &str, k: usize) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::with_capacity(k);
+    for _ in 0..k {
+        out.push(testenv::create_namespace(client, prefix).await?);
+    }
+    Ok(out)
+}
+
+/// Creates `n` resources spread round-robin over `namespaces`.
+async fn create_many(
+    client: &kube::Client,
+    namespaces: &[String],
+    n: usize,
+    parallelism: usize,
+) -> anyhow::Result<Duration> {
+    use futures::{StreamExt, TryStreamExt};
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api: Api<Gcs> = Api::namespaced(client.clone(), &namespaces[i % namespaces.len()]);
+            async move {
+                let name = format!("g{i:05}");
+                let obj: Gcs = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "storage.bucketmap.dev/v1alpha1",
+                    "kind": "Gcs",
+                    "metadata": {"name": name},
+                    "spec": {"bucketName": name},
+                }))?;
+                api.create(&PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("create {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(parallelism.max(1))
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(started.elapsed())
+}
+
+async fn wait_all_ready(client: &kube::Client, n: usize, timeout: Duration) -> anyhow::Result<()> {
+    let api: Api<Gcs> = Api::all(client.clone());
+    let (reader, writer) = kube::runtime::reflector::store::<Gcs>();
+    let watch = kube::runtime::reflector(
+        writer,
+        kube::runtime::watcher(api, kube::runtime::watcher::Config::default()),
+    );
+    let watch_task = tokio::spawn(futures::StreamExt::for_each(watch, |_| async {}));
+    let result = async {
+        reader
+            .wait_until_ready()
+            .await
+            .context("watch did not sync")?;
+        wait_until(timeout, "all Ready", async || {
+            let state = reader.state();
+            let ready = state.iter().filter(|g| g.is_ready()).count();
+            Ok(ready >= n)
+        })
+        .await
+        .map_err(|e| {
+            let state = reader.state();
+            let ready = state.iter().filter(|g| g.is_ready()).count();
+            e.context(format!("{ready} of {n} Ready"))
+        })
+    }
+    .await;
+    watch_task.abort();
+    result
+}
+
+/// GCS calls per bucket per resync, and writes, over two whole periods.
+async fn steady_state(gcs: &MockHandle, n: usize, resync: Duration) -> (f64, usize) {
+    tokio::time::sleep(resync / 2).await;
+    gcs.reset_calls();
+    let window = resync * 2;
+    tokio::time::sleep(window).await;
+    let calls = gcs.calls();
+    let per_bucket = calls.len() as f64 / n as f64 / 2.0;
+    let writes = calls.iter().filter(|c| c.method != "GetBucket").count();
+    (per_bucket, writes)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn print_report(r: &Report) {
+    let (n, k) = (r.shape.resources, r.shape.namespaces);
+    let ratio = r.to_ready.as_secs_f64() / r.baseline.as_secs_f64();
+    println!("## N = {n} over {k} namespace(s)");
+    println!(
+        "- time to all Ready: {:.1} s ({ratio:.2}x the API-server-only baseline of {:.1} s to store N objects)",
+        r.to_ready.as_secs_f64(),
+        r.baseline.as_secs_f64()
+    );
+    println!(
+        "- reconciles: {:.0} ({:.2} per resource, {:.0}/s)",
+        r.reconciles,
+        r.reconciles / n as f64,
+        r.reconciles / r.to_ready.as_secs_f64()
+    );
+    let writes: Vec<String> = r
+        .writes
+        .iter()
+        .map(|(what, per)| format!("{what} {per:.3}"))
+        .collect();
+    println!("- API writes per resource: {}", writes.join(", "));
+    println!(
+        "- API server CPU: {:.1} s ({:.2}x the baseline's {:.1} s)",
+        r.apiserver_cpu,
+        r.apiserver_cpu / r.baseline_apiserver_cpu.max(0.001),
+        r.baseline_apiserver_cpu
+    );
+    println!(
+        "- GCS calls per bucket on create: {:.2}",
+        r.create_calls as f64 / n as f64
+    );
+    if let Some((per_bucket, writes)) = r.steady {
+        println!(
+            "- GCS calls per bucket per steady-state resync: {per_bucket:.2} (target 1), writes: {writes} (target 0)"
+        );
+    }
+    println!(
+        "- operator peak RSS: {:.1} MiB ({:.2}x its idle RSS of {:.1} MiB; target < 64 MiB at N = 5000)\n",
+        mib(r.peak_rss),
+        r.peak_rss as f64 / r.idle_rss as f64,
+        mib(r.idle_rss)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse() {
+        assert_eq!(
+            "5000x100".parse(),
+            Ok(Shape {
+                resources: 5000,
+                namespaces: 100
+            })
+        );
+        assert_eq!(
+            "300".parse(),
+            Ok(Shape {
+                resources: 300,
+                namespaces: 1
+            })
+        );
+        assert!("0x1".parse::<Shape>().is_err());
+        assert!("axb".parse::<Shape>().is_err());
+    }
+}

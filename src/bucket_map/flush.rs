@@ -1,0 +1,256 @@
+//! The flush: plan a namespace's map, write it if it differs, record the
+//! verdicts, wake refused claims when an entry leaves.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::plan::{self, Inputs, Plan, Verdict, entry_cost};
+use super::{BucketMaps, MAP_FIELD_MANAGER, NamespaceMap, Refused, lock};
+use crate::publish::MANAGED_BY;
+use crate::{Error, Result};
+
+/// Field managers of earlier versions, one per resource (`bucketmap-map-<uid>`).
+const LEGACY_MANAGER_PREFIX: &str = "bucketmap-map-";
+
+/// How many times a flush plans again after the API server named keys that
+/// another field manager owns.
+const CONFLICT_REPLANS: usize = 3;
+
+enum WriteError {
+    /// Keys owned by other field managers → their owner, as the API server reports.
+    Conflict(BTreeMap<String, String>),
+    Other(Error),
+}
+
+impl BucketMaps {
+    /// Flushes until no change is left, then lets the next claim start a new loop.
+    pub(super) async fn flush_loop(self: Arc<Self>, map: Arc<NamespaceMap>) {
+        loop {
+            tokio::time::sleep(self.settings.debounce).await;
+            let version = lock(&map.state).version;
+            let error = match self.flush(&map).await {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::warn!(namespace = %map.ns, error = %e, "cannot write the bucket map");
+                    Some(e.to_string())
+                }
+            };
+            map.flushed.send_replace((version, error));
+            let mut state = lock(&map.state);
+            if state.version == version {
+                state.flushing = false;
+                return;
+            }
+        }
+    }
+
+    async fn flush(&self, map: &NamespaceMap) -> Result<()> {
+        for _ in 0..CONFLICT_REPLANS {
+            let plan = self.plan_now(map);
+            if !self.needs_write(map, &plan) {
+                self.commit(map, plan);
+                return Ok(());
+            }
+            match self.write(&map.ns, &plan.data).await {
+                Ok(()) => {
+                    self.commit(map, plan);
+                    return Ok(());
+                }
+                Err(WriteError::Conflict(keys)) => lock(&map.state).foreign.extend(keys),
+                Err(WriteError::Other(e)) => return Err(e),
+            }
+        }
+        Err(Error::Publish(format!(
+            "the bucket map of namespace {} kept conflicting with other writers",
+            map.ns
+        )))
+    }
+
+    fn plan_now(&self, map: &NamespaceMap) -> Plan {
+        let contenders = self.contenders(&map.ns);
+        let data = self.current_data(&map.ns);
+        let state = lock(&map.state);
+        // Keys in the map that are not ours count against the budget.
+        let others: usize = data
+            .iter()
+            .filter(|(k, _)| !state.applied.contains_key(*k))
+            .map(|(k, v)| entry_cost(k, v))
+            .sum();
+        let incumbents: BTreeMap<String, String> = state
+            .applied
+            .iter()
+            .map(|(logical, (uid, _))| (logical.clone(), uid.clone()))
+            .collect();
+        let waiting: BTreeMap<String, plan::Claim> = state
+            .refused
+            .iter()
+            .filter(|(_, r)| r.full)
+            .map(|(uid, r)| (uid.clone(), r.claim.clone()))
+            .collect();
+        plan::plan(&Inputs {
+            claims: &state.claims,
+            waiting: &waiting,
+            incumbents: &incumbents,
+            contenders: &contenders,
+            foreign_keys: &state.foreign,
+            budget: self.settings.max_bytes.saturating_sub(others),
+        })
+    }
+
+    /// Whether the map must be written: our entries differ from the plan, or
+    /// the cached map does not show them (deleted or edited by somebody).
+    fn needs_write(&self, map: &NamespaceMap, plan: &Plan) -> bool {
+        let state = lock(&map.state);
+        let ours: BTreeMap<&String, &String> = state
+            .applied
+            .iter()
+            .map(|(logical, (_, physical))| (logical, physical))
+            .collect();
+        let planned: BTreeMap<&String, &String> = plan.data.iter().collect();
+        if ours != planned {
+            return true;
+        }
+        let data = self.current_data(&map.ns);
+        plan.data.iter().any(|(k, v)| data.get(k) != Some(v))
+    }
+
+    /// Records a plan the map now holds.
+    fn commit(&self, map: &NamespaceMap, plan: Plan) {
+        let mut state = lock(&map.state);
+        let before: Vec<String> = state.applied.keys().cloned().collect();
+        let claimant: HashMap<(&str, &str), &str> = state
+            .claims
+            .values()
+            .map(|c| ((c.logical.as_str(), c.physical.as_str()), c.uid.as_str()))
+            .collect();
+        let applied = plan
+            .data
+            .iter()
+            .filter_map(|(logical, physical)| {
+                let uid = claimant.get(&(logical.as_str(), physical.as_str()))?;
+                Some((logical.clone(), ((*uid).to_owned(), physical.clone())))
+            })
+            .collect();
+        state.applied = applied;
+        let an_entry_left = before.iter().any(|k| !state.applied.contains_key(k));
+        if an_entry_left {
+            for (_, refused) in state.refused.drain() {
+                let _ = self.wake.send(refused.obj);
+            }
+        }
+        for (uid, verdict) in plan.verdicts {
+            if verdict != Verdict::Published
+                && let Some(claim) = state.claims.remove(&uid)
+            {
+                let refused = Refused {
+                    obj: ObjectRef::new(&claim.name).within(&map.ns),
+                    full: matches!(verdict, Verdict::TooLarge(_)),
+                    claim,
+                };
+                state.refused.insert(uid.clone(), refused);
+            }
+            state.verdicts.insert(uid, verdict);
+        }
+    }
+
+    /// Applies our entries with our one field manager, without force.
+    async fn write(
+        &self,
+        ns: &str,
+        data: &BTreeMap<String, String>,
+    ) -> std::result::Result<(), WriteError> {
+        let name = &self.settings.map_name;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        self.drop_legacy_managers(&api, ns)
+            .await
+            .map_err(WriteError::Other)?;
+        let patch = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
+            "data": data,
+        });
+        match api
+            .patch(
+                name,
+                &PatchParams::apply(MAP_FIELD_MANAGER),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                self.metrics.map_written("written");
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                self.metrics.map_written("conflict");
+                let keys = conflicting_keys(&status);
+                if keys.is_empty() {
+                    return Err(WriteError::Other(Error::Publish(format!(
+                        "cannot write ConfigMap {ns}/{name}: {}",
+                        status.message
+                    ))));
+                }
+                Err(WriteError::Conflict(keys))
+            }
+            Err(e) => Err(WriteError::Other({
+                self.metrics.map_written("error");
+                Error::kube(format!(
+                    "write {} entries to ConfigMap {ns}/{name}",
+                    data.len()
+                ))(e)
+            })),
+        }
+    }
+
+    /// Earlier versions applied each entry with a field manager of its own;
+    /// while one of those co-owns a key, our apply cannot remove it. Their
+    /// `managedFields` entries are dropped once (the keys stay, now ours).
+    async fn drop_legacy_managers(&self, api: &Api<ConfigMap>, ns: &str) -> Result<()> {
+        let name = &self.settings.map_name;
+        let Some(cm) = self.configmaps.get(&ObjectRef::new(name).within(ns)) else {
+            return Ok(());
+        };
+        let fields = cm.metadata.managed_fields.clone().unwrap_or_default();
+        let keep: Vec<_> = fields
+            .iter()
+            .filter(|f| {
+                !f.manager
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with(LEGACY_MANAGER_PREFIX))
+            })
+            .collect();
+        if keep.len() == fields.len() {
+            return Ok(());
+        }
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": cm.metadata.resource_version},
+            {"op": "replace", "path": "/metadata/managedFields", "value": keep},
+        ]))
+        .map_err(|e| Error::Publish(format!("cannot build the managedFields patch: {e}")))?;
+        api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+            .map_err(Error::kube(format!(
+                "drop the per-resource field managers of ConfigMap {ns}/{name}"
+            )))?;
+        tracing::info!(namespace = %ns, dropped = fields.len() - keep.len(), "bucket map: took over the per-resource field managers of an earlier version");
+        Ok(())
+    }
+}
+
+/// The data keys named in a server-side apply conflict, with their owner.
+fn conflicting_keys(status: &kube::core::Status) -> BTreeMap<String, String> {
+    status
+        .details
+        .iter()
+        .flat_map(|d| d.causes.iter())
+        .filter_map(|cause| {
+            let key = cause.field.strip_prefix(".data.")?;
+            Some((key.to_owned(), cause.message.clone()))
+        })
+        .collect()
+}
