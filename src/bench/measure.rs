@@ -115,7 +115,10 @@ const WRITTEN: [(&str, &str); 4] = [
     ("bucket maps (configmaps)", "resource=\"configmaps\""),
     ("binding secrets", "resource=\"secrets\""),
     ("events", "resource=\"events\""),
-    ("gcs (spec, finalizer, status)", "resource=\"gcs\""),
+    (
+        "gcs (the create itself, finalizer, status)",
+        "resource=\"gcs\"",
+    ),
 ];
 
 /// The API server's counters at one moment.
@@ -134,7 +137,8 @@ impl ApiCounters {
             .await
             .context("cannot read the API server's metrics")?;
         let is_write = |labels: &str| {
-            ["CREATE", "UPDATE", "PATCH", "APPLY", "DELETE"]
+            // The metric's verbs: POST creates, PUT updates, APPLY is server-side apply.
+            ["POST", "PUT", "PATCH", "APPLY", "DELETE"]
                 .iter()
                 .any(|verb| labels.contains(&format!("verb=\"{verb}\"")))
         };
