@@ -81,6 +81,10 @@ async fn create_labelled(pods: &Api<Pod>, pod: Pod) -> anyhow::Result<Pod> {
     loop {
         match pods.create(&PostParams::default(), &pod).await {
             Ok(p) => return Ok(p),
+            // Refused by admission rather than a webhook not reachable yet.
+            Err(e) if e.to_string().contains("violates PodSecurity") => {
+                return Err(e).context("the labelled pod was refused");
+            }
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::info!(error = %e, "webhook not reachable yet");
                 tokio::time::sleep(Duration::from_millis(300)).await;
