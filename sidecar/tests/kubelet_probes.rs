@@ -350,6 +350,65 @@ fn proxy_port(container: &Container) -> Result<u16> {
     Ok(listen.port())
 }
 
+/// Before the map volume can be read, the admin listener answers and both
+/// probes fail with 503: the app containers would not start yet.
+fn assert_not_ready_before_the_map_is_read(
+    container: &Container,
+    net: &PodNetwork,
+    sidecar: &mut Proc,
+) -> Result<()> {
+    let startup = container.startup_probe.clone().context("startupProbe")?;
+    let readiness = container
+        .readiness_probe
+        .clone()
+        .context("readinessProbe")?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let before = loop {
+        sidecar.check_running()?;
+        match probe_once(&startup, container, net.pod_ip) {
+            Err(seen) if seen.starts_with("HTTP ") => break seen,
+            Ok(seen) => bail!("the startup probe passed before the map was read: {seen}"),
+            Err(seen) if Instant::now() > deadline => bail!(
+                "the startup probe never got an HTTP answer: {seen}\n{}",
+                log_tail(&sidecar.log, 30)
+            ),
+            Err(_) => thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    ensure!(before.starts_with("HTTP 503"), "startup probe: {before}");
+    let seen = probe_once(&readiness, container, net.pod_ip);
+    ensure!(
+        seen.as_ref().is_err_and(|s| s.starts_with("HTTP 503")),
+        "readiness probe before the map was read: {seen:?}"
+    );
+    Ok(())
+}
+
+/// The proxy serves inside the pod and cannot be reached from the node; the
+/// admin listener, which can, never proxies.
+fn assert_the_proxy_is_pod_local(container: &Container, net: &PodNetwork) -> Result<()> {
+    let port = proxy_port(container)?;
+    let inside = get_inside_pod(net, port, "/_bucketmap/healthz")?;
+    ensure!(
+        inside.starts_with("HTTP/1.1 200"),
+        "the proxy inside the pod: {inside:?}"
+    );
+    let outside = SocketAddr::from((net.pod_ip, port));
+    ensure!(
+        TcpStream::connect_timeout(&outside, Duration::from_secs(2)).is_err(),
+        "the proxy port {outside} is reachable from outside the pod"
+    );
+    let admin_port = container_port(container, &IntOrString::String(ADMIN_PORT_NAME.to_owned()))
+        .map_err(|e| anyhow!(e))?;
+    let admin = SocketAddr::from((net.pod_ip, admin_port));
+    let status = http_get(admin, "/storage/v1/b/photos/o", Duration::from_secs(2))?;
+    ensure!(
+        status == 404,
+        "a GCS path on the admin listener answered {status}"
+    );
+    Ok(())
+}
+
 #[test]
 fn the_kubelet_reaches_the_probes_on_the_pod_ip_and_not_the_proxy() -> Result<()> {
     if !netns_available() {
@@ -377,27 +436,7 @@ fn the_kubelet_reaches_the_probes_on_the_pod_ip_and_not_the_proxy() -> Result<()
     let net = PodNetwork::create()?;
     let mut sidecar = start_sidecar(&net, &container, dir.path())?;
 
-    // Before the map volume can be read, the admin listener answers and
-    // both probes fail: the app containers would not start yet.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let before = loop {
-        sidecar.check_running()?;
-        match probe_once(&startup, &container, net.pod_ip) {
-            Err(seen) if seen.starts_with("HTTP ") => break seen,
-            Ok(seen) => bail!("the startup probe passed before the map was read: {seen}"),
-            Err(seen) if Instant::now() > deadline => bail!(
-                "the startup probe never got an HTTP answer: {seen}\n{}",
-                log_tail(&sidecar.log, 30)
-            ),
-            Err(_) => thread::sleep(Duration::from_millis(100)),
-        }
-    };
-    assert!(before.starts_with("HTTP 503"), "{before}");
-    let seen = probe_once(&readiness, &container, net.pod_ip);
-    assert!(
-        seen.as_ref().is_err_and(|s| s.starts_with("HTTP 503")),
-        "{seen:?}"
-    );
+    assert_not_ready_before_the_map_is_read(&container, &net, &mut sidecar)?;
 
     // The kubelet mounts the map: here an optional ConfigMap that does not
     // exist yet (a namespace without Ready Gcs), an empty volume.
@@ -419,24 +458,7 @@ fn the_kubelet_reaches_the_probes_on_the_pod_ip_and_not_the_proxy() -> Result<()
     )?;
     eprintln!("readiness probe: {seen}");
 
-    // The proxy serves inside the pod, and is not reachable from the node.
-    let port = proxy_port(&container)?;
-    let inside = get_inside_pod(&net, port, "/_bucketmap/healthz")?;
-    assert!(
-        inside.starts_with("HTTP/1.1 200"),
-        "inside the pod: {inside:?}"
-    );
-    let outside = SocketAddr::from((net.pod_ip, port));
-    assert!(
-        TcpStream::connect_timeout(&outside, Duration::from_secs(2)).is_err(),
-        "the proxy port {outside} is reachable from outside the pod"
-    );
-    // And the admin listener never proxies.
-    let admin_port = container_port(&container, &IntOrString::String(ADMIN_PORT_NAME.to_owned()))
-        .map_err(|e| anyhow!(e))?;
-    let admin = SocketAddr::from((net.pod_ip, admin_port));
-    let status = http_get(admin, "/storage/v1/b/photos/o", Duration::from_secs(2))?;
-    assert_eq!(status, 404, "a GCS path on the admin listener");
+    assert_the_proxy_is_pod_local(&container, &net)?;
     sidecar.check_running()?;
     Ok(())
 }
