@@ -257,10 +257,34 @@ async fn sidecar_binary() -> anyhow::Result<PathBuf> {
 }
 
 impl Demo {
+    /// Waits until the sidecar maps `logical`. The sidecar is ready once it
+    /// has read a map, even an empty one, and the operator publishes the map
+    /// a moment after the bucket is Ready: until then `logical` gets a 404.
+    async fn wait_mapped(&self, logical: &str) -> anyhow::Result<()> {
+        let addr = self
+            .sidecar_url
+            .strip_prefix("http://")
+            .unwrap_or(&self.sidecar_url);
+        let path = format!("/storage/v1/b/{logical}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, body) = http(addr, "GET", &path, "").await?;
+            if status != 404 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the sidecar never mapped {logical}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Runs `examples/app/photo_app.py` (the Python client, logical name
     /// `logical`) through the sidecar, then reads the object back from the
     /// physical bucket in the data plane. Returns the app's output.
     pub async fn run_example_app(&self, logical: &str, physical: &str) -> anyhow::Result<String> {
+        self.wait_mapped(logical).await?;
         let python = install("sidecar/tests/clients/install.sh", &["python"]).await?;
         let python = python.strip_prefix("python=").unwrap_or(&python).to_owned();
         let out = Command::new(python)

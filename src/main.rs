@@ -145,6 +145,9 @@ struct OperatorArgs {
     /// Loopback port of the injected sidecar.
     #[arg(long, default_value_t = 9023)]
     sidecar_port: u16,
+    /// Port of the injected sidecar's admin listener (probes, /metrics) on the pod IP.
+    #[arg(long, default_value_t = 9024)]
+    sidecar_admin_port: u16,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -291,10 +294,16 @@ async fn start_webhook(
             }
         }
     };
+    anyhow::ensure!(
+        args.sidecar_admin_port != args.sidecar_port,
+        "--sidecar-admin-port and --sidecar-port must differ (both are {})",
+        args.sidecar_port
+    );
     let certs = webhook::tls::start(source, Duration::from_secs(60)).await?;
     let cfg = InjectionConfig {
         sidecar_image: args.sidecar_image.clone(),
         port: args.sidecar_port,
+        admin_port: args.sidecar_admin_port,
         map_name: args.map_name.clone(),
     };
     tokio::spawn(async move {

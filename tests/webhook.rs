@@ -11,8 +11,8 @@ use anyhow::Context as _;
 use bucketmap::webhook::inject::{INJECT_LABEL, MAP_VOLUME, SIDECAR_NAME};
 use common::{Fixture, free_port};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 type TestResult = anyhow::Result<()>;
 
@@ -76,11 +76,15 @@ async fn prepare(f: &Fixture, port: u16, ca_bundle: Option<&str>) -> anyhow::Res
 }
 
 /// Creates a labelled pod, retrying while the webhook is not reachable yet.
-async fn create_labelled(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
+async fn create_labelled(pods: &Api<Pod>, pod: Pod) -> anyhow::Result<Pod> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match pods.create(&PostParams::default(), &pod(name, true)?).await {
+        match pods.create(&PostParams::default(), &pod).await {
             Ok(p) => return Ok(p),
+            // Refused by admission rather than a webhook not reachable yet.
+            Err(e) if e.to_string().contains("violates PodSecurity") => {
+                return Err(e).context("the labelled pod was refused");
+            }
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::info!(error = %e, "webhook not reachable yet");
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -90,11 +94,13 @@ async fn create_labelled(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
     }
 }
 
-#[tokio::test]
-async fn a_certificate_from_files_serves_the_webhook_as_cert_manager_would_mount_it() -> TestResult
-{
+/// The operator serving the webhook with a certificate from files (as a
+/// cert-manager Secret mount provides it), configured for the fixture's
+/// namespace. Keep both returned values alive while the webhook is needed.
+async fn webhook_from_files(
+    f: &Fixture,
+) -> anyhow::Result<(tokio::process::Child, tempfile::TempDir)> {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let f = Fixture::new().await?;
     let mut ca_params = CertificateParams::default();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
@@ -105,8 +111,8 @@ async fn a_certificate_from_files_serves_the_webhook_as_cert_manager_would_mount
     std::fs::write(dir.path().join("tls.key"), key.serialize_pem())?;
 
     let port = free_port()?;
-    prepare(&f, port, Some(&ca.pem())).await?;
-    let _operator = f
+    prepare(f, port, Some(&ca.pem())).await?;
+    let operator = f
         .operator_command()
         .args([
             "--namespace",
@@ -118,8 +124,16 @@ async fn a_certificate_from_files_serves_the_webhook_as_cert_manager_would_mount
         .arg(dir.path())
         .args(["--metrics-addr", "127.0.0.1:0"])
         .spawn()?;
+    Ok((operator, dir))
+}
+
+#[tokio::test]
+async fn a_certificate_from_files_serves_the_webhook_as_cert_manager_would_mount_it() -> TestResult
+{
+    let f = Fixture::new().await?;
+    let _webhook = webhook_from_files(&f).await?;
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
-    let injected = create_labelled(&pods, "labelled").await?;
+    let injected = create_labelled(&pods, pod("labelled", true)?).await?;
     assert_eq!(sidecars(&injected), 1);
     Ok(())
 }
@@ -165,7 +179,7 @@ async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhoo
     }
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
     // The server may need a moment after the caBundle to accept handshakes.
-    let injected = create_labelled(&pods, "labelled").await?;
+    let injected = create_labelled(&pods, pod("labelled", true)?).await?;
     let spec = injected.spec.clone().context("spec")?;
     let init = spec.init_containers.clone().unwrap_or_default();
     assert_eq!(init.first().map(|c| c.name.as_str()), Some(SIDECAR_NAME));
@@ -229,6 +243,101 @@ async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhoo
     Ok(())
 }
 
+/// Sets the namespace's Pod Security `enforce` level (the API server's own
+/// PodSecurity admission then judges every pod created there).
+async fn enforce_pod_security(f: &Fixture, level: &str) -> TestResult {
+    let namespaces: Api<Namespace> = Api::all(f.client.clone());
+    let labels = serde_json::json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": level,
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}});
+    namespaces
+        .patch(&f.ns, &PatchParams::default(), &Patch::Merge(labels))
+        .await
+        .with_context(|| format!("cannot label namespace {} {level}", f.ns))?;
+    Ok(())
+}
+
+/// A labelled pod whose app container meets the `restricted` profile.
+fn restricted_pod(name: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {INJECT_LABEL: "true"}},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "app",
+                "image": "example/app:1",
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }],
+        },
+    }))?)
+}
+
+/// The error of a pod creation that must be refused.
+async fn refused(pods: &Api<Pod>, pod: Pod, what: &str) -> anyhow::Result<String> {
+    match pods.create(&PostParams::default(), &pod).await {
+        Ok(_) => anyhow::bail!("{what} was admitted"),
+        Err(e) => Ok(e.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn pod_security_admits_injected_pods_under_restricted_and_baseline() -> TestResult {
+    let f = Fixture::new().await?;
+    enforce_pod_security(&f, "restricted").await?;
+    let _webhook = webhook_from_files(&f).await?;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
+
+    // The webhook's sidecar next to a compliant app: admitted by the API
+    // server's PodSecurity admission, after the real webhook's mutation.
+    let admitted = create_labelled(&pods, restricted_pod("compliant")?).await?;
+    assert_eq!(sidecars(&admitted), 1, "admitted with its sidecar");
+
+    // PodSecurity is really enforced here: a minimal app container is
+    // refused, and for the app's settings only, not for the sidecar's.
+    let message = refused(&pods, pod("minimal", true)?, "a non-compliant app").await?;
+    assert!(
+        message.contains("violates PodSecurity \"restricted:latest\"")
+            && message.contains("\"app\"")
+            && !message.contains(SIDECAR_NAME),
+        "{message}"
+    );
+
+    // The spec this replaced probed host 127.0.0.1: refused (the same
+    // admission would refuse the webhook's output if it did that again).
+    let mut old_style = admitted.clone();
+    old_style.metadata = restricted_pod("old-style")?.metadata;
+    if let Some(sidecar) = old_style
+        .spec
+        .as_mut()
+        .and_then(|s| s.init_containers.as_mut())
+        .and_then(|c| c.iter_mut().find(|c| c.name == SIDECAR_NAME))
+        && let Some(get) = sidecar
+            .readiness_probe
+            .as_mut()
+            .and_then(|p| p.http_get.as_mut())
+    {
+        get.host = Some("127.0.0.1".to_owned());
+    }
+    let message = refused(&pods, old_style, "a sidecar probing 127.0.0.1").await?;
+    assert!(
+        message.contains("probe or lifecycle host") && message.contains(SIDECAR_NAME),
+        "{message}"
+    );
+
+    // baseline: the webhook's sidecar next to a minimal app container.
+    enforce_pod_security(&f, "baseline").await?;
+    let admitted = pods
+        .create(&PostParams::default(), &pod("minimal", true)?)
+        .await
+        .context("baseline refused an injected pod")?;
+    assert_eq!(sidecars(&admitted), 1, "admitted with its sidecar");
+    Ok(())
+}
+
 #[test]
 fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
     use bucketmap::webhook::inject::{InjectionConfig, client_env, inject};
@@ -249,6 +358,7 @@ fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
     let cfg = InjectionConfig {
         sidecar_image: sidecar.image.clone().context("image")?,
         port: 9023,
+        admin_port: 9024,
         map_name: "bucketmap".into(),
     };
 
@@ -278,6 +388,11 @@ fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
         serde_json::to_value(injected.spec)?,
         serde_json::to_value(labelled(documented_spec)?.spec)?,
         "examples/app-with-sidecar.yaml drifted from what the webhook injects"
+    );
+    assert_eq!(
+        injected.metadata.annotations,
+        documented.metadata.and_then(|m| m.annotations),
+        "the annotations of examples/app-with-sidecar.yaml drifted from the webhook's"
     );
     Ok(())
 }

@@ -33,11 +33,15 @@ pub enum LogFormat {
 /// Besides the GCS APIs (JSON, upload, download, batch and XML API, path and
 /// virtual-hosted style), the listener serves /_bucketmap/healthz,
 /// /_bucketmap/readyz and /_bucketmap/metrics (the "_" prefix cannot be a
-/// bucket name, so it never collides with a GCS path). --metrics-addr serves
-/// /metrics, /healthz and /readyz on a separate listener. readyz answers 200
-/// once a mapping with at least one entry is loaded. SIGTERM stops accepting
-/// connections and drains requests in flight. Logs go to stderr; the level is
-/// set with RUST_LOG (default "info").
+/// bucket name, so it never collides with a GCS path). --admin-addr serves
+/// /healthz, /readyz and /metrics on a separate listener that never proxies:
+/// in a pod it is the kubelet's probe target and Prometheus' scrape target,
+/// on the pod IP, while the proxy stays on loopback. readyz answers 200 once
+/// the mapping sources have been read successfully (an empty mapping
+/// directory counts: every bucket name then gets a GCS-style 404), and 503
+/// with the reason until then. SIGTERM stops accepting connections and drains
+/// requests in flight. Logs go to stderr; the level is set with RUST_LOG
+/// (default "info").
 #[derive(Clone, Debug, Parser)]
 #[command(name = "bucketmap-sidecar", version, about, long_about)]
 pub struct Config {
@@ -79,9 +83,10 @@ pub struct Config {
     #[arg(long, default_value_t = 8 * 1024 * 1024, value_name = "BYTES")]
     pub max_metadata_bytes: usize,
 
-    /// Optional separate listener for /metrics, /healthz and /readyz.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics_addr: Option<SocketAddr>,
+    /// Optional separate listener for /healthz, /readyz and /metrics, which
+    /// never proxies (--metrics-addr is its former name).
+    #[arg(long, value_name = "ADDR", visible_alias = "metrics-addr")]
+    pub admin_addr: Option<SocketAddr>,
 
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
@@ -234,6 +239,19 @@ mod tests {
     }
 
     #[test]
+    fn the_admin_listener_keeps_its_former_name() {
+        for flag in ["--admin-addr", "--metrics-addr"] {
+            let cfg =
+                parse(&["--map", "photos=photos-k3x9q2mw", flag, "0.0.0.0:9024"]).expect("parses");
+            assert_eq!(
+                cfg.admin_addr.map(|a| a.to_string()).as_deref(),
+                Some("0.0.0.0:9024"),
+                "{flag}"
+            );
+        }
+    }
+
+    #[test]
     fn help_documents_every_flag() {
         let help = Config::command().render_long_help().to_string();
         for flag in [
@@ -245,6 +263,7 @@ mod tests {
             "--no-auth",
             "--allow-physical-names",
             "--max-metadata-bytes",
+            "--admin-addr",
             "--metrics-addr",
             "--log-format",
             "--connect-timeout",
@@ -255,6 +274,7 @@ mod tests {
             "--max-header-bytes",
             "--worker-threads",
             "/_bucketmap/readyz",
+            "empty mapping",
         ] {
             assert!(help.contains(flag), "help lacks {flag}");
         }

@@ -549,6 +549,28 @@ async fn not_ready_until_a_mapping_is_loaded() {
     ))
     .await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    // An empty mapping (the namespace has no Ready Gcs yet) is read: ready,
+    // and a bucket name gets a GCS-style 404 that names it.
+    sidecar.store.set(Mapping::default());
+    let ready = send(request(
+        Method::GET,
+        &sidecar.url("/_bucketmap/readyz"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+    let answer = send(request(
+        Method::GET,
+        &sidecar.url("/storage/v1/b/photos/o"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert!(
+        answer.text().contains("'photos'") && answer.text().contains("Ready Gcs"),
+        "{}",
+        answer.text()
+    );
     sidecar.store.set(mapping(PHYSICAL));
     let ready = send(request(
         Method::GET,
@@ -969,6 +991,7 @@ async fn the_mapping_directory_is_watched() {
         store.clone(),
         metrics.clone(),
         Duration::from_millis(200),
+        None,
         stopped,
     ));
     let physical = |store: &MappingStore| {

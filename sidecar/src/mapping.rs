@@ -182,6 +182,8 @@ pub struct MappingStore {
     dir: Option<PathBuf>,
     static_entries: Vec<(String, String)>,
     current: ArcSwapOption<Mapping>,
+    /// Why the last reload failed; cleared by a successful one.
+    last_failure: ArcSwapOption<String>,
     reload_lock: Mutex<()>,
 }
 
@@ -191,6 +193,7 @@ impl MappingStore {
             dir,
             static_entries,
             current: ArcSwapOption::empty(),
+            last_failure: ArcSwapOption::empty(),
             reload_lock: Mutex::new(()),
         }
     }
@@ -200,9 +203,23 @@ impl MappingStore {
         self.current.load_full()
     }
 
-    /// Whether a mapping with at least one entry has been loaded.
+    /// Whether the mapping sources have been read successfully at least
+    /// once. An empty mapping counts: a namespace without Ready buckets has
+    /// an empty (optional) ConfigMap volume, and its apps are better served
+    /// by a GCS-style 404 naming the bucket than by a pod that never starts.
     pub fn is_ready(&self) -> bool {
-        self.current.load().as_ref().is_some_and(|m| !m.is_empty())
+        self.current.load().is_some()
+    }
+
+    /// Why the store is not ready, or `None` when it is.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if self.is_ready() {
+            return None;
+        }
+        Some(match self.last_failure.load_full() {
+            Some(failure) => format!("the mapping sources cannot be used: {failure}"),
+            None => "the mapping sources have not been read yet".to_owned(),
+        })
     }
 
     /// The directory being watched, if any.
@@ -216,6 +233,17 @@ impl MappingStore {
             .reload_lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let outcome = self.load();
+        let failure = match &outcome {
+            ReloadOutcome::Failed(err) => Some(Arc::new(err.to_string())),
+            ReloadOutcome::Unchanged | ReloadOutcome::Updated { .. } => None,
+        };
+        self.last_failure.store(failure);
+        outcome
+    }
+
+    /// One read of the sources; the caller holds `reload_lock`.
+    fn load(&self) -> ReloadOutcome {
         let mut entries = match &self.dir {
             Some(dir) => match read_mapping_dir(dir) {
                 Ok(entries) => entries,
@@ -341,10 +369,32 @@ mod tests {
     #[test]
     fn a_missing_directory_is_a_failed_load() {
         let store = MappingStore::new(Some(PathBuf::from("/nonexistent/bucketmap")), Vec::new());
+        assert_eq!(
+            store.not_ready_reason().as_deref(),
+            Some("the mapping sources have not been read yet")
+        );
         assert!(matches!(
             store.reload(),
             ReloadOutcome::Failed(MappingError::ReadDir { .. })
         ));
         assert!(store.current().is_none());
+        assert!(!store.is_ready());
+        let reason = store.not_ready_reason().expect("not ready");
+        assert!(reason.contains("/nonexistent/bucketmap"), "{reason}");
+    }
+
+    #[test]
+    fn an_empty_directory_is_read_and_ready_with_an_empty_mapping() {
+        // What the kubelet mounts for an optional ConfigMap that does not exist.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = MappingStore::new(Some(dir.path().to_owned()), Vec::new());
+        assert!(!store.is_ready());
+        assert!(matches!(
+            store.reload(),
+            ReloadOutcome::Updated { entries: 0 }
+        ));
+        assert!(store.is_ready());
+        assert_eq!(store.not_ready_reason(), None);
+        assert!(store.current().is_some_and(|m| m.is_empty()));
     }
 }

@@ -582,25 +582,24 @@ impl Proxy {
     }
 }
 
-/// `/readyz`: ready once a non-empty mapping is loaded.
+/// `/readyz` of both listeners: ready once the mapping sources have been read
+/// successfully, even when they hold no entry (see [`MappingStore::is_ready`]).
 pub fn readiness<R>(
     mapping: &MappingStore,
     text: impl Fn(StatusCode, String, &'static str) -> R,
 ) -> R {
-    match mapping.current() {
-        Some(m) if !m.is_empty() => text(
+    match (mapping.current(), mapping.not_ready_reason()) {
+        (Some(m), _) => text(
             StatusCode::OK,
             format!("ready: {} buckets mapped\n", m.len()),
             "text/plain",
         ),
-        Some(_) => text(
+        (None, reason) => text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the mapping is empty\n".into(),
-            "text/plain",
-        ),
-        None => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: no mapping loaded yet\n".into(),
+            format!(
+                "not ready: {}\n",
+                reason.as_deref().unwrap_or("no mapping loaded yet")
+            ),
             "text/plain",
         ),
     }

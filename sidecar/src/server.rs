@@ -102,7 +102,9 @@ where
     Ok(())
 }
 
-/// The separate metrics listener: `/metrics`, `/healthz`, `/readyz`.
+/// The admin listener (`--admin-addr`): `/healthz`, `/readyz`, `/metrics`.
+/// It never proxies, so it may listen on the pod IP, where the kubelet
+/// probes and Prometheus scrapes, while the proxy stays on loopback.
 pub fn metrics_handler(
     metrics: Arc<Metrics>,
     mapping: Arc<MappingStore>,
@@ -195,11 +197,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let metrics_listener = match config.metrics_addr {
+    let metrics_listener = match config.admin_addr {
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("cannot listen on {addr} (--metrics-addr)"))?,
+                .with_context(|| format!("cannot listen on {addr} (--admin-addr)"))?,
         ),
         None => None,
     };
@@ -207,7 +209,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         listen = %config.listen,
         upstream = %config.upstream,
         auth = if config.no_auth { "none" } else { "application-default" },
-        metrics = ?config.metrics_addr,
+        admin = ?config.admin_addr,
         "bucketmap-sidecar started"
     );
 
@@ -216,6 +218,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store.clone(),
         metrics.clone(),
         config.mapping_poll_interval,
+        last_error,
         stopped.clone(),
     ));
     let metrics_server = metrics_listener.map(|listener| {

@@ -24,6 +24,13 @@ pub fn reload_and_report(store: &MappingStore, metrics: &Metrics, last_error: &m
         }
         ReloadOutcome::Updated { entries } => {
             *last_error = None;
+            if entries == 0 {
+                // The namespace has no Ready Gcs yet (the kubelet mounts an
+                // optional ConfigMap that does not exist as an empty directory).
+                tracing::info!(
+                    "the mapping is empty: every bucket name gets a 404 until the namespace has a Ready Gcs"
+                );
+            }
             metrics
                 .mapping_reloads
                 .get_or_create(&ResultLabels { result: "success" })
@@ -47,13 +54,13 @@ pub fn reload_and_report(store: &MappingStore, metrics: &Metrics, last_error: &m
                 .get_or_create(&ResultLabels { result: "failure" })
                 .inc();
             let message = err.to_string();
-            let kept = if store.current().is_some() {
-                "keeping the last good mapping"
+            let what = if store.current().is_some() {
+                "the mapping update is invalid: keeping the last good mapping"
             } else {
-                "no mapping loaded yet"
+                "not ready (requests get 503): the mapping cannot be loaded"
             };
             if last_error.as_deref() != Some(message.as_str()) {
-                tracing::warn!(error = %message, "{kept}: the mapping update is invalid");
+                tracing::warn!(error = %message, "{what}");
             } else {
                 tracing::debug!(error = %message, "mapping still invalid");
             }
@@ -63,13 +70,14 @@ pub fn reload_and_report(store: &MappingStore, metrics: &Metrics, last_error: &m
 }
 
 /// Watches and polls until `shutdown` turns true.
+/// `last_error` is the failure already reported, if any.
 pub async fn run(
     store: Arc<MappingStore>,
     metrics: Arc<Metrics>,
     poll: Duration,
+    mut last_error: Option<String>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut last_error = None;
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let mut watcher: Option<RecommendedWatcher> = None;
     let mut ticker = tokio::time::interval(poll);

@@ -391,22 +391,24 @@ fn map_reload_with_requests_in_flight() {
 fn not_ready_until_a_map_is_loaded() {
     let world = World::upstream_only("readiness", &[PHOTOS_V1]).expect("start fake-gcs-server");
     let mut c = Checks::default();
+    // The directory does not exist yet: the map has not been read. (An
+    // empty directory is a map that was read and is empty: ready.)
     let root = world.dir().join("mapping");
-    std::fs::create_dir_all(&root).expect("mapping dir");
     let mut sidecar = Sidecar::start_unready(
         world.dir(),
         &world.fake.url(),
         &["--mapping-dir".into(), root.display().to_string()],
     )
-    .expect("start the sidecar with an empty --mapping-dir");
+    .expect("start the sidecar with a --mapping-dir that does not exist yet");
     let addr = sidecar.addr;
 
-    // Nothing published yet: not ready, and no bucket is reachable.
+    // Nothing published yet: not ready, saying why, and no bucket is reachable.
     thread::sleep(Duration::from_millis(300));
     match Request::get(Sidecar::READYZ).send(addr) {
-        Ok(r) => c.check(r.status != 200, || {
-            format!("ready with no map: {}", r.summary())
-        }),
+        Ok(r) => c.check(
+            r.status == 503 && String::from_utf8_lossy(&r.body).contains(&*root.to_string_lossy()),
+            || format!("readyz with no map: {}", r.summary()),
+        ),
         Err(e) => c.fail(format!("readyz with no map: {e:#}")),
     }
     let before = world.fake.snapshot().expect("snapshot");

@@ -2,6 +2,8 @@
 //! `restartPolicy: Always`), the bucket map mounted read-only, and every app
 //! container pointed at it. Pure functions, unit-tested here.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction, Pod,
     Probe, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
@@ -17,6 +19,20 @@ pub const SIDECAR_NAME: &str = "bucketmap-sidecar";
 pub const MAP_VOLUME: &str = "bucketmap-map";
 /// Where the sidecar reads the bucket map.
 pub const MAP_MOUNT_PATH: &str = "/etc/bucketmap/map";
+/// Name of the sidecar's admin port (probes and metrics). Distinctive, so it
+/// does not clash with an app container's own `metrics` port: duplicate port
+/// names in a pod make Services, probes and PodMonitors pick one of them.
+pub const ADMIN_PORT_NAME: &str = "bucketmap-admin";
+/// Pod annotation: the URL of the sidecar's GCS endpoint.
+pub const ENDPOINT_ANNOTATION: &str = "bucketmap.dev/gcs-endpoint";
+/// Pod annotation: how each client family is pointed at the sidecar.
+pub const CLIENTS_ANNOTATION: &str = "bucketmap.dev/clients";
+/// The sidecar's `--drain-timeout`. A native sidecar gets SIGTERM only after
+/// the app containers have exited, so nothing is left to drain but requests
+/// of processes that outlived them; 5 s keeps the sidecar's exit well inside
+/// the rest of the pod's grace period (30 s by default, shared by the app's
+/// shutdown and then the sidecar's).
+pub const DRAIN_TIMEOUT: &str = "5s";
 
 /// What to inject.
 #[derive(Debug, Clone)]
@@ -25,6 +41,9 @@ pub struct InjectionConfig {
     pub sidecar_image: String,
     /// Loopback port the sidecar listens on.
     pub port: u16,
+    /// Port of the sidecar's admin listener on the pod IP: the kubelet's
+    /// probes and Prometheus reach it there. It never proxies.
+    pub admin_port: u16,
     /// Name of the namespace's bucket map ConfigMap.
     pub map_name: String,
 }
@@ -49,11 +68,31 @@ pub fn already_injected(pod: &Pod) -> bool {
     })
 }
 
+/// The pod annotations: the sidecar's endpoint, and how each client family
+/// is pointed at it (visible in `kubectl describe pod`). The environment
+/// covers Python, Go, C++ and gcloud; Node.js and Java take code.
+pub fn annotations(port: u16) -> BTreeMap<String, String> {
+    let url = format!("http://127.0.0.1:{port}");
+    let clients = format!(
+        "Python, Go: STORAGE_EMULATOR_HOST; C++: CLOUD_STORAGE_EMULATOR_ENDPOINT; \
+         gcloud: CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE (all set by bucketmap). \
+         Node.js: delete process.env.STORAGE_EMULATOR_HOST, then \
+         new Storage({{apiEndpoint: '{url}'}}) (while the variable is set, the \
+         library takes it as its JSON API base, even with apiEndpoint). \
+         Java: StorageOptions.newBuilder().setHost(\"{url}\")."
+    );
+    [
+        (ENDPOINT_ANNOTATION.to_owned(), url),
+        (CLIENTS_ANNOTATION.to_owned(), clients),
+    ]
+    .into()
+}
+
 /// Environment that points each GCS client library at the sidecar.
 pub fn client_env(port: u16) -> Vec<EnvVar> {
     let url = format!("http://127.0.0.1:{port}");
     [
-        // Python, Go and Node clients.
+        // Python and Go clients (Node.js: see `annotations`).
         ("STORAGE_EMULATOR_HOST", url.clone()),
         // The C++ client.
         ("CLOUD_STORAGE_EMULATOR_ENDPOINT", url.clone()),
@@ -69,9 +108,71 @@ pub fn client_env(port: u16) -> Vec<EnvVar> {
     .collect()
 }
 
-/// The injected native sidecar container.
-pub fn sidecar_container(cfg: &InjectionConfig) -> Container {
+/// An HTTP probe of the sidecar's admin listener. No `host`: the kubelet
+/// probes from the node, so it must reach the pod IP (a `host` of 127.0.0.1
+/// would be the node's own loopback, and Pod Security refuses it).
+/// httpGet rather than `exec`: the image has no shell, and an exec probe
+/// forks a process in the container at every period, which costs the node
+/// more than one HTTP request.
+fn admin_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String(ADMIN_PORT_NAME.to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period_seconds),
+        failure_threshold: Some(failure_threshold),
+        ..Probe::default()
+    }
+}
+
+/// Requests and limits, from docs/BENCHMARKS.md: 7.6 MiB resident idle,
+/// 18.6-19.4 MiB at 64 concurrent streams (21.7 MiB with two threads). The
+/// request covers a busy pod's 64 streams; the limit leaves room for the
+/// 256 requests --max-concurrent-requests admits (about 0.2 MiB each) and a
+/// few large metadata bodies. CPU is requested (about 0.1 ms per metadata
+/// request) but not limited: a CPU limit throttles every request it serves.
+fn resources() -> ResourceRequirements {
     let quantity = |s: &str| Quantity(s.to_owned());
+    ResourceRequirements {
+        requests: Some(
+            [
+                ("cpu".to_owned(), quantity("10m")),
+                ("memory".to_owned(), quantity("24Mi")),
+            ]
+            .into(),
+        ),
+        limits: Some([("memory".to_owned(), quantity("96Mi"))].into()),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// Non-root, nothing writable, no privilege: what Pod Security's
+/// `restricted` profile asks of every container.
+fn security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The injected native sidecar container. The proxy listens on loopback
+/// only (other pods must never use this pod's credentials through it), so
+/// its port is not declared; the admin listener is on the pod IP.
+pub fn sidecar_container(cfg: &InjectionConfig) -> Container {
     Container {
         name: SIDECAR_NAME.to_owned(),
         image: Some(cfg.sidecar_image.clone()),
@@ -79,68 +180,31 @@ pub fn sidecar_container(cfg: &InjectionConfig) -> Container {
         command: Some(vec!["bucketmap-sidecar".to_owned()]),
         args: Some(vec![
             format!("--listen=127.0.0.1:{}", cfg.port),
+            format!("--admin-addr=0.0.0.0:{}", cfg.admin_port),
             format!("--mapping-dir={MAP_MOUNT_PATH}"),
+            format!("--drain-timeout={DRAIN_TIMEOUT}"),
             "--log-format=json".to_owned(),
         ]),
         // A native sidecar: starts before the app containers, stops after.
         restart_policy: Some("Always".to_owned()),
         ports: Some(vec![ContainerPort {
-            name: Some("gcs-proxy".to_owned()),
-            container_port: i32::from(cfg.port),
+            name: Some(ADMIN_PORT_NAME.to_owned()),
+            container_port: i32::from(cfg.admin_port),
+            protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
-        startup_probe: Some(Probe {
-            tcp_socket: Some(k8s_openapi::api::core::v1::TCPSocketAction {
-                port: IntOrString::Int(i32::from(cfg.port)),
-                host: Some("127.0.0.1".to_owned()),
-            }),
-            period_seconds: Some(1),
-            failure_threshold: Some(30),
-            ..Probe::default()
-        }),
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/_bucketmap/readyz".to_owned()),
-                port: IntOrString::Int(i32::from(cfg.port)),
-                host: Some("127.0.0.1".to_owned()),
-                ..HTTPGetAction::default()
-            }),
-            period_seconds: Some(5),
-            ..Probe::default()
-        }),
+        // The app containers start once this passes: /readyz answers 200
+        // once the map volume has been read, so no app runs before its map.
+        startup_probe: Some(admin_probe("/readyz", 1, 30)),
+        readiness_probe: Some(admin_probe("/readyz", 5, 3)),
         volume_mounts: Some(vec![VolumeMount {
             name: MAP_VOLUME.to_owned(),
             mount_path: MAP_MOUNT_PATH.to_owned(),
             read_only: Some(true),
             ..VolumeMount::default()
         }]),
-        resources: Some(ResourceRequirements {
-            requests: Some(
-                [
-                    ("cpu".to_owned(), quantity("10m")),
-                    ("memory".to_owned(), quantity("16Mi")),
-                ]
-                .into(),
-            ),
-            limits: Some([("memory".to_owned(), quantity("64Mi"))].into()),
-            ..ResourceRequirements::default()
-        }),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(65532),
-            run_as_group: Some(65532),
-            read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                add: None,
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                localhost_profile: None,
-            }),
-            ..SecurityContext::default()
-        }),
+        resources: Some(resources()),
+        security_context: Some(security_context()),
         ..Container::default()
     }
 }
@@ -152,6 +216,10 @@ pub fn inject(pod: &Pod, cfg: &InjectionConfig) -> Option<Pod> {
         return None;
     }
     let mut pod = pod.clone();
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .extend(annotations(cfg.port));
     let spec = pod.spec.get_or_insert_with(Default::default);
 
     // First, so that init containers after it can use GCS too.
@@ -213,6 +281,7 @@ mod tests {
         InjectionConfig {
             sidecar_image: "bucketmap/bucketmap:test".into(),
             port: 9023,
+            admin_port: 9024,
             map_name: "bucketmap".into(),
         }
     }
@@ -282,6 +351,44 @@ mod tests {
             None,
             "the sidecar itself is not pointed at itself"
         );
+    }
+
+    #[test]
+    fn the_probes_reach_the_admin_port_on_the_pod_ip_and_the_proxy_stays_on_loopback() {
+        let c = sidecar_container(&cfg());
+        let ports = c.ports.clone().expect("ports");
+        assert_eq!(
+            ports
+                .iter()
+                .map(|p| (p.name.as_deref(), p.container_port))
+                .collect::<Vec<_>>(),
+            vec![(Some(ADMIN_PORT_NAME), 9024)],
+            "only the admin port is declared: the proxy is not reachable on the pod IP"
+        );
+        for probe in [c.startup_probe.clone(), c.readiness_probe.clone()] {
+            let get = probe.expect("probe").http_get.expect("an httpGet probe");
+            assert_eq!(get.host, None, "the kubelet probes the pod IP");
+            assert_eq!(get.port, IntOrString::String(ADMIN_PORT_NAME.to_owned()));
+            assert_eq!(get.path.as_deref(), Some("/readyz"));
+        }
+        let args = c.args.expect("args");
+        for arg in ["--listen=127.0.0.1:9023", "--admin-addr=0.0.0.0:9024"] {
+            assert!(args.iter().any(|a| a == arg), "{args:?} lacks {arg}");
+        }
+    }
+
+    #[test]
+    fn the_pod_says_how_each_client_family_reaches_the_sidecar() {
+        let injected = inject(&pod(true), &cfg()).expect("injected");
+        let annotations = injected.metadata.annotations.expect("annotations");
+        assert_eq!(
+            annotations.get(ENDPOINT_ANNOTATION).map(String::as_str),
+            Some("http://127.0.0.1:9023")
+        );
+        let clients = &annotations[CLIENTS_ANNOTATION];
+        for needle in ["Node.js", "apiEndpoint", "Java", "setHost", "C++", "gcloud"] {
+            assert!(clients.contains(needle), "{clients} lacks {needle}");
+        }
     }
 
     #[test]

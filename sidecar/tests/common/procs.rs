@@ -110,7 +110,7 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
+    pub fn spawn(name: &str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
         let file =
             File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let child = cmd
