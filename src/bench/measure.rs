@@ -125,6 +125,8 @@ const WRITTEN: [(&str, &str); 4] = [
 pub struct ApiCounters {
     pub cpu: f64,
     writes: BTreeMap<&'static str, f64>,
+    /// Seconds the API server spent on requests, by `resource verb`.
+    time: BTreeMap<String, f64>,
 }
 
 impl ApiCounters {
@@ -154,6 +156,7 @@ impl ApiCounters {
         Ok(ApiCounters {
             cpu: sample(&text, "process_cpu_seconds_total", |_| true),
             writes,
+            time: request_seconds(&text),
         })
     }
 
@@ -167,6 +170,56 @@ impl ApiCounters {
             })
             .collect()
     }
+}
+
+impl ApiCounters {
+    /// The `top` request kinds by API server time since `before`, longest first.
+    pub fn time_since(&self, before: &ApiCounters, top: usize) -> Vec<(String, f64)> {
+        let mut spent: Vec<(String, f64)> = self
+            .time
+            .iter()
+            .map(|(kind, now)| {
+                let then = before.time.get(kind).copied().unwrap_or(0.0);
+                (kind.clone(), now - then)
+            })
+            .filter(|(_, s)| *s > 0.0)
+            .collect();
+        spent.sort_by(|a, b| b.1.total_cmp(&a.1));
+        spent.truncate(top);
+        spent
+    }
+}
+
+/// `apiserver_request_duration_seconds_sum` by resource and verb (watches
+/// left out: they last as long as the connection).
+fn request_seconds(text: &str) -> BTreeMap<String, f64> {
+    // `,name="` so that `resource` does not match inside `subresource`.
+    let label = |labels: &str, name: &str| -> Option<String> {
+        let labels = format!(",{labels}");
+        let start = labels.find(&format!(",{name}=\""))? + name.len() + 3;
+        let end = labels[start..].find('"')? + start;
+        Some(labels[start..end].to_owned())
+    };
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_duration_seconds_sum{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let (Some(resource), Some(verb), Ok(seconds)) = (
+            label(labels, "resource"),
+            label(labels, "verb"),
+            value.trim().parse::<f64>(),
+        ) else {
+            continue;
+        };
+        if verb != "WATCH" {
+            *out.entry(format!("{resource} {verb}")).or_insert(0.0) += seconds;
+        }
+    }
+    out
 }
 
 /// Polls `check` every 250 ms until it holds or `timeout` passes.
@@ -201,5 +254,11 @@ mod tests {
         assert_eq!(applies, 5.0);
         assert_eq!(sample(text, "process_cpu_seconds_total", |_| true), 12.5);
         assert_eq!(sample(text, "missing_total", |_| true), 0.0);
+        let durations = "apiserver_request_duration_seconds_sum{component=\"apiserver\",subresource=\"status\",resource=\"gcs\",verb=\"APPLY\"} 2.5\n\
+            apiserver_request_duration_seconds_sum{resource=\"gcs\",subresource=\"\",verb=\"APPLY\"} 0.5\n\
+            apiserver_request_duration_seconds_sum{resource=\"gcs\",verb=\"WATCH\"} 99\n";
+        let seconds = request_seconds(durations);
+        assert_eq!(seconds.get("gcs APPLY"), Some(&3.0));
+        assert_eq!(seconds.len(), 1, "watches are left out");
     }
 }

@@ -80,6 +80,7 @@ struct Report {
     to_ready: Duration,
     reconciles: f64,
     writes: BTreeMap<&'static str, f64>,
+    api_time: Vec<(String, f64)>,
     apiserver_cpu: f64,
     baseline_apiserver_cpu: f64,
     create_calls: usize,
@@ -170,6 +171,7 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
         to_ready,
         reconciles,
         writes: after.writes_since(&before, shape.resources),
+        api_time: after.time_since(&before, 6),
         apiserver_cpu: after.cpu - before.cpu,
         baseline_apiserver_cpu,
         create_calls,
@@ -286,6 +288,12 @@ fn print_report(r: &Report) {
         .map(|(what, per)| format!("{what} {per:.3}"))
         .collect();
     println!("- API writes per resource: {}", writes.join(", "));
+    let time: Vec<String> = r
+        .api_time
+        .iter()
+        .map(|(kind, s)| format!("{kind} {s:.1} s"))
+        .collect();
+    println!("- API server request time, top kinds: {}", time.join(", "));
     println!(
         "- API server CPU: {:.1} s ({:.2}x the baseline's {:.1} s)",
         r.apiserver_cpu,
