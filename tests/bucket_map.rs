@@ -15,15 +15,6 @@ use kube::api::{Api, Patch, PatchParams};
 
 type TestResult = anyhow::Result<()>;
 
-async fn map(f: &Fixture) -> anyhow::Result<BTreeMap<String, String>> {
-    let api: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
-    Ok(api
-        .get_opt("bucketmap")
-        .await?
-        .and_then(|cm| cm.data)
-        .unwrap_or_default())
-}
-
 async fn apply_map(
     f: &Fixture,
     manager: &str,
@@ -60,7 +51,7 @@ async fn a_burst_of_resources_is_published_in_far_fewer_writes_than_resources() 
         expected.insert(name.clone(), physical(&g));
     }
     // Ready means the map has the entry: no waiting needed.
-    assert_eq!(map(&f).await?, expected);
+    assert_eq!(f.bucket_map().await?, expected);
     let writes = f.metrics.map_writes("written");
     assert!(
         writes * 2 <= n as u64,
@@ -87,7 +78,7 @@ async fn a_key_another_writer_owns_is_never_taken() -> TestResult {
     f.create("logs", serde_json::json!({"bucketName": "logs"}))
         .await?;
     let logs = f.wait_ready("logs").await?;
-    let m = map(&f).await?;
+    let m = f.bucket_map().await?;
     assert_eq!(m.get("photos").map(String::as_str), Some("their-photos-1"));
     assert_eq!(m.get("logs"), Some(&physical(&logs)));
     Ok(())
@@ -111,13 +102,13 @@ async fn a_full_map_refuses_the_youngest_and_admits_them_when_room_frees() -> Te
         let g = f.wait_reason(&format!("bkt-{i}"), "MapFull").await?;
         assert!(!g.is_ready());
     }
-    assert_eq!(map(&f).await?.len(), 3);
+    assert_eq!(f.bucket_map().await?.len(), 3);
 
     // An entry leaves: the oldest refused resource is woken and fits.
     f.delete("bkt-1").await?;
     f.wait_gone("bkt-1", Duration::from_secs(30)).await?;
     let bkt4 = f.wait_ready("bkt-4").await?;
-    let m = map(&f).await?;
+    let m = f.bucket_map().await?;
     assert_eq!(m.get("bkt-4"), Some(&physical(&bkt4)));
     assert!(!m.contains_key("bkt-1") && !m.contains_key("bkt-5"));
     assert_eq!(
@@ -208,6 +199,6 @@ async fn entries_of_an_earlier_version_are_taken_over_and_removed() -> TestResul
     );
     f.delete("photos").await?;
     f.wait_gone("photos", Duration::from_secs(30)).await?;
-    assert!(!map(&f).await?.contains_key("photos"));
+    assert!(!f.bucket_map().await?.contains_key("photos"));
     Ok(())
 }

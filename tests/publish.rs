@@ -15,15 +15,6 @@ use kube::api::{Api, Patch, PatchParams};
 
 type TestResult = anyhow::Result<()>;
 
-async fn map(f: &Fixture) -> anyhow::Result<BTreeMap<String, String>> {
-    let api: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
-    Ok(api
-        .get_opt("bucketmap")
-        .await?
-        .and_then(|cm| cm.data)
-        .unwrap_or_default())
-}
-
 async fn wait_map(
     f: &Fixture,
     what: &str,
@@ -31,7 +22,7 @@ async fn wait_map(
 ) -> anyhow::Result<BTreeMap<String, String>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let m = map(f).await?;
+        let m = f.bucket_map().await?;
         if check(&m) {
             return Ok(m);
         }
@@ -77,7 +68,7 @@ async fn ready_buckets_are_published_and_unpublished_leaving_other_keys_alone() 
         .await?;
     let g = f.wait_ready("photos").await?;
     let bucket = physical(&g);
-    let m = map(&f).await?;
+    let m = f.bucket_map().await?;
     assert_eq!(m.get("photos"), Some(&bucket), "entry present once Ready");
     assert_eq!(
         m.get("legacy").map(String::as_str),
@@ -114,7 +105,7 @@ async fn ready_buckets_are_published_and_unpublished_leaving_other_keys_alone() 
 
     f.delete("photos").await?;
     f.wait_gone("photos", Duration::from_secs(30)).await?;
-    let m = map(&f).await?;
+    let m = f.bucket_map().await?;
     assert!(
         !m.contains_key("photos"),
         "entry removed with the resource: {m:?}"
@@ -140,7 +131,7 @@ async fn only_ready_buckets_are_listed() -> TestResult {
     f.create("photos", serde_json::json!({"bucketName": "photos"}))
         .await?;
     f.wait_reason("photos", "PermissionDenied").await?;
-    assert!(!map(&f).await?.contains_key("photos"));
+    assert!(!f.bucket_map().await?.contains_key("photos"));
     assert!(secret(&f, "photos").await?.is_none());
     f.gcs.clear_faults();
     let g = f.wait_ready("photos").await?;
@@ -182,14 +173,14 @@ async fn a_second_resource_with_the_same_logical_name_is_refused_in_the_map() ->
     let second = f.wait_reason("second", "MappingConflict").await?;
     assert!(!second.is_ready());
     assert_eq!(
-        map(&f).await?.get("photos"),
+        f.bucket_map().await?.get("photos"),
         Some(&physical(&first)),
         "the first mapping stands"
     );
     // Removing the second leaves the first's entry in place.
     f.delete("second").await?;
     f.wait_gone("second", Duration::from_secs(30)).await?;
-    assert_eq!(map(&f).await?.get("photos"), Some(&physical(&first)));
+    assert_eq!(f.bucket_map().await?.get("photos"), Some(&physical(&first)));
     Ok(())
 }
 
@@ -205,7 +196,7 @@ async fn an_orphaned_bucket_leaves_the_map() -> TestResult {
     wait_map(&f, "photos listed", |m| m.contains_key("photos")).await?;
     f.delete("photos").await?;
     f.wait_gone("photos", Duration::from_secs(30)).await?;
-    assert!(!map(&f).await?.contains_key("photos"));
+    assert!(!f.bucket_map().await?.contains_key("photos"));
     assert!(
         f.gcs.bucket(&physical(&g)).is_some(),
         "the bucket itself is kept"

@@ -328,3 +328,16 @@ pub fn physical(g: &Gcs) -> String {
 pub fn uid(g: &Gcs) -> String {
     g.uid().unwrap_or_default()
 }
+
+impl Fixture {
+    /// The namespace's bucket map (empty when the ConfigMap does not exist).
+    pub async fn bucket_map(&self) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        Ok(api
+            .get_opt("bucketmap")
+            .await?
+            .and_then(|cm| cm.data)
+            .unwrap_or_default())
+    }
+}
