@@ -104,6 +104,7 @@ fn settings() -> ServerSettings {
 /// The proxy under test.
 struct Sidecar {
     addr: SocketAddr,
+    metrics: Arc<Metrics>,
     store: Arc<MappingStore>,
     proxy: Arc<Proxy>,
     stop: watch::Sender<bool>,
@@ -151,13 +152,14 @@ impl Sidecar {
             listen: addr,
         };
         let client = build_client(Duration::from_secs(5), Duration::from_secs(30)).expect("client");
+        let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(
             Proxy::new(
                 store.clone(),
                 client,
                 &upstream.url(),
                 options.auth,
-                Arc::new(Metrics::new()),
+                metrics.clone(),
                 proxy_settings,
             )
             .expect("proxy"),
@@ -171,6 +173,7 @@ impl Sidecar {
         let task = tokio::spawn(serve(listener, settings(), handler, stopped));
         Self {
             addr,
+            metrics,
             store,
             proxy,
             stop,
@@ -497,6 +500,124 @@ async fn refused_requests_are_answered_locally_and_nothing_is_forwarded() {
         upstream.seen().is_empty(),
         "nothing forwarded: {:?}",
         upstream.seen()
+    );
+}
+
+/// Every method of the discovery document, through the proxy: routed ones
+/// reach the upstream with every bucket segment physical, refused ones are
+/// answered locally with their reason.
+#[tokio::test]
+async fn every_discovery_method_is_forwarded_rewritten_or_refused() {
+    use crate::discovery::{Class, table};
+    use crate::route::strict_tests::example_path;
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let table = table().expect("the discovery table");
+    for op in &table.operations {
+        let target = example_path(&op.segments, "photos");
+        let body = if op.request.is_some() {
+            full("{}")
+        } else {
+            empty()
+        };
+        let forwarded = upstream.seen().len();
+        let answer = send(request(op.method.clone(), &sidecar.url(&target), body)).await;
+        let seen = upstream.seen();
+        match op.class {
+            Class::Routed => {
+                assert_eq!(answer.status, StatusCode::OK, "{target}: {}", answer.text());
+                assert_eq!(seen.len(), forwarded + 1, "{}: forwarded once", op.name);
+                assert_eq!(
+                    seen[forwarded].target,
+                    example_path(&op.segments, PHYSICAL),
+                    "{}",
+                    op.name
+                );
+            }
+            Class::Refused(reason) => {
+                assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{target}");
+                let message = answer.json()["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                assert!(message.contains(reason), "{target}: {message}");
+                assert_eq!(seen.len(), forwarded, "{}: nothing forwarded", op.name);
+            }
+        }
+    }
+}
+
+/// The shapes issue 8 found forwarded naming an unmapped bucket: each gets a
+/// GCS-style 400 naming what was refused, is counted, and nothing is forwarded.
+#[tokio::test]
+async fn requests_the_router_cannot_check_are_refused_and_counted() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let cases: [(Method, &str, &str); 10] = [
+        (Method::GET, "/storage/v1//b/other/o/x", "empty segment"),
+        (
+            Method::GET,
+            "/storage/v1/%62/other/o/x",
+            "no GCS operation matches",
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o/x/../../../other/o/x",
+            "relative segments are refused",
+        ),
+        (
+            Method::GET,
+            "/photos/../other/x",
+            "relative segments are refused",
+        ),
+        (
+            Method::GET,
+            "/photos/%2e%2e/other/x",
+            "relative segments are refused",
+        ),
+        (
+            Method::POST,
+            "/upload/storage/v2/b/other/o?uploadType=media",
+            "no GCS operation",
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/x/copyTo/b/logs/o/y/copyTo/b/other/o/z",
+            "no GCS operation",
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/x/copyTo/%62/other/o/y",
+            "no GCS operation",
+        ),
+        (Method::PUT, "/photos?%6Cogging", "spelt differently"),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o/x?alt=media&alt=media",
+            "more than once",
+        ),
+    ];
+    for (method, target, says) in &cases {
+        let answer = send(request(method.clone(), &sidecar.url(target), full("x"))).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{method} {target}");
+        let text = answer.text();
+        assert!(text.contains(says), "{method} {target}: {text}");
+        assert!(
+            text.contains("refuses this request"),
+            "{method} {target}: {text}"
+        );
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+    let metrics = sidecar.metrics.encode();
+    let refused: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("bucketmap_sidecar_refused_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(refused, cases.len() as u64, "{metrics}");
+    assert!(
+        metrics.contains("bucketmap_sidecar_refused_requests_total{reason=\"dot_segment\"} 3"),
+        "{metrics}"
     );
 }
 
@@ -1230,7 +1351,7 @@ async fn shutdown_drains_requests_in_flight() {
     let (mut tx, body) = channel_body();
     let in_flight = tokio::spawn(send(request(
         Method::POST,
-        &sidecar.url("/upload/storage/v1/b/photos/o?name=x"),
+        &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=media&name=x"),
         body,
     )));
     tx.send(Ok(Frame::data(Bytes::from_static(b"part one"))))

@@ -37,6 +37,7 @@ pub mod auth;
 pub mod batch;
 pub mod body;
 pub mod config;
+pub mod discovery;
 pub mod errors;
 pub mod mapping;
 pub mod metrics;

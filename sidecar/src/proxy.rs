@@ -147,6 +147,8 @@ impl Proxy {
             .authority()
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("upstream {upstream} has no host"))?;
+        // The JSON API's operation table: a broken document stops start-up.
+        crate::discovery::check()?;
         let upstream_links = LinkBase {
             scheme: upstream_scheme.to_string(),
             authority: upstream_authority.to_string(),
@@ -235,10 +237,9 @@ impl Proxy {
         }
         let routed =
             route(req.method(), &path, query.as_deref(), vhost.as_deref()).map_err(|e| {
+                self.metrics.refused(e.reason());
                 Rejection {
-                    error: ApiError::bad_request(format!(
-                        "bucketmap-sidecar cannot route this request: {e}"
-                    )),
+                    error: ApiError::refused_request(&e),
                     style: guess_style(&path),
                 }
             })?;
