@@ -16,6 +16,7 @@ use crate::body::{ProxyBody, full};
 use crate::errors::ApiError;
 use crate::multipart::{boundary, find_header, part_headers, split};
 use crate::rewrite::json::rewrite_json_bytes;
+use crate::rewrite::strict::check_request_json;
 use crate::rewrite::{Translator, request_bucket};
 use crate::route::{Api, RequestBody, Resource, ResponseBody, replace_slots, route};
 
@@ -110,6 +111,16 @@ fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Re
     let method_text = parsed.method.unwrap_or("GET");
     let method = Method::from_bytes(method_text.as_bytes())
         .map_err(|_| ApiError::bad_request("bad method in a batch part"))?;
+    if parsed
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("x-http-method-override"))
+    {
+        return Err(ApiError::bad_request(
+            "bucketmap-sidecar refuses X-HTTP-Method-Override in a batch part: put the method \
+             in the part's request line",
+        ));
+    }
     let target = parsed.path.unwrap_or("/");
     let uri: Uri = target
         .parse()
@@ -144,7 +155,16 @@ fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Re
         body = &body[..length];
     }
     let rewritten = match routed.request_body {
-        RequestBody::Json(hint) => rewrite_json_bytes(body, hint, tr)?,
+        RequestBody::Json(hint) => {
+            check_request_json(body, routed.request_kind)?;
+            rewrite_json_bytes(body, hint, tr)?
+        }
+        RequestBody::None if !body.is_empty() => {
+            return Err(ApiError::bad_request(format!(
+                "bucketmap-sidecar refuses a request body on {}, which takes none",
+                routed.operation
+            )));
+        }
         _ => None,
     };
     let body = rewritten.as_deref().unwrap_or(body);

@@ -425,4 +425,133 @@ mod tests {
             }
         }
     }
+
+    /// Paths (`logging.logBucket`, `acl[].bucket`) of the string fields that
+    /// name a bucket in `schema`, following `$ref`s, by the schema's own
+    /// descriptions.
+    fn bucket_fields(
+        schemas: &serde_json::Value,
+        schema: &str,
+        prefix: &[String],
+        depth: usize,
+        out: &mut Vec<Vec<String>>,
+    ) {
+        if depth > 4 {
+            return;
+        }
+        let props = &schemas[schema]["properties"];
+        let Some(props) = props.as_object() else {
+            return;
+        };
+        walk_properties(schemas, props, prefix, depth, out);
+    }
+
+    fn walk_properties(
+        schemas: &serde_json::Value,
+        props: &serde_json::Map<String, serde_json::Value>,
+        prefix: &[String],
+        depth: usize,
+        out: &mut Vec<Vec<String>>,
+    ) {
+        for (name, prop) in props {
+            let mut path = prefix.to_vec();
+            path.push(name.clone());
+            let description = prop["description"].as_str().unwrap_or_default();
+            let names_bucket = description.starts_with("The name of the bucket")
+                || description.starts_with("The destination bucket")
+                || description.contains("projects/_/buckets/bucket");
+            if prop["type"] == "string" && names_bucket {
+                out.push(path.clone());
+            }
+            let (inner, array) = match prop["type"].as_str() {
+                Some("array") => (&prop["items"], true),
+                _ => (prop, false),
+            };
+            if array {
+                path.push("[]".to_owned());
+            }
+            if let Some(reference) = inner["$ref"].as_str() {
+                bucket_fields(schemas, reference, &path, depth + 1, out);
+            } else if let Some(nested) = inner["properties"].as_object() {
+                walk_properties(schemas, nested, &path, depth + 1, out);
+            }
+        }
+    }
+
+    /// A body with `value` at `path`.
+    fn body_at(path: &[String], value: serde_json::Value) -> serde_json::Value {
+        path.iter().rev().fold(value, |inner, key| {
+            if key == "[]" {
+                serde_json::Value::Array(vec![inner])
+            } else {
+                serde_json::json!({ key.as_str(): inner })
+            }
+        })
+    }
+
+    /// Which request fields name buckets comes from the discovery schemas:
+    /// for every request schema of a routed method, each field its
+    /// description says names a bucket is translated, and refused when it
+    /// names a bucket the map does not hold.
+    #[test]
+    fn bucket_fields_of_request_schemas_are_translated() {
+        use crate::rewrite::Direction;
+        use crate::rewrite::json::rewrite_json_bytes;
+        use crate::rewrite::testing::{mapping, translator, upstream_base};
+        let doc: serde_json::Value = serde_json::from_str(DOCUMENT).unwrap_or_default();
+        let schemas = &doc["schemas"];
+        let m = mapping();
+        let links = upstream_base();
+        let tr = translator(&m, &links, Direction::ToPhysical);
+        let table = table().unwrap_or_else(|e| panic!("{e}"));
+        let mut checked = 0;
+        for op in table
+            .operations
+            .iter()
+            .filter(|op| op.class == Class::Routed)
+        {
+            let Some(schema) = op.request.as_deref() else {
+                continue;
+            };
+            let mut fields = Vec::new();
+            bucket_fields(schemas, schema, &[], 0, &mut fields);
+            for path in fields {
+                let resource_id = path.last().is_some_and(|k| k == "resourceId");
+                let value = |b: &str| {
+                    if resource_id {
+                        format!("projects/_/buckets/{b}")
+                    } else {
+                        b.to_owned()
+                    }
+                };
+                let body = body_at(&path, value("other").into()).to_string();
+                let refused = rewrite_json_bytes(
+                    body.as_bytes(),
+                    op.request_resource().unwrap_or(Resource::Generic),
+                    &tr,
+                );
+                assert_eq!(
+                    refused.map_err(|e| e.status.as_u16()).map(|_| ()),
+                    Err(404),
+                    "{} {schema}.{}: an unmapped bucket is refused",
+                    op.name,
+                    path.join(".")
+                );
+                let body = body_at(&path, value("photos").into()).to_string();
+                let hint = op.request_resource().unwrap_or(Resource::Generic);
+                let new = rewrite_json_bytes(body.as_bytes(), hint, &tr)
+                    .unwrap_or_else(|e| panic!("{}: {e}", op.name))
+                    .unwrap_or_default();
+                let new = String::from_utf8_lossy(&new);
+                assert!(
+                    new.contains(&value("photos-k3x9q2mw")),
+                    "{} {schema}.{}: translated, got {new}",
+                    op.name,
+                    path.join(".")
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "{checked} bucket fields checked");
+    }
 }

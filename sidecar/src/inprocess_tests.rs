@@ -621,6 +621,171 @@ async fn requests_the_router_cannot_check_are_refused_and_counted() {
     );
 }
 
+/// Bodies other parsers could read differently from the rewriter, bodies on
+/// operations that take none, and method overrides that are not honoured:
+/// each refused with a 400, nothing forwarded.
+#[tokio::test]
+async fn request_bodies_are_parsed_strictly() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let patch = "/storage/v1/b/photos/o/x";
+    /// (method, target, headers, body, what the refusal says)
+    type Case = (
+        Method,
+        &'static str,
+        Vec<(&'static str, &'static str)>,
+        Bytes,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"error":{"code":1},"bucket":"other"}"#),
+            "`error` member",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"kind":"storage#bucket","bucket":"other"}"#),
+            "kind",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"bucket":"photos"}{"bucket":"other"}"#),
+            "after the object",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"[{"bucket":"other"}]"#),
+            "one JSON object",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"bucket":"photos","BUCKET":"other"}"#),
+            "differ only in case",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(b"{\"bucket\":\"other\xff\"}"),
+            "UTF-8",
+        ),
+        (
+            Method::GET,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"bucket":"other"}"#),
+            "which takes none",
+        ),
+        (
+            Method::DELETE,
+            "/storage/v1/b/photos",
+            vec![],
+            Bytes::from_static(b"x"),
+            "which takes none",
+        ),
+        (
+            Method::GET,
+            patch,
+            vec![("x-http-method-override", "PATCH")],
+            Bytes::from_static(br#"{"bucket":"other"}"#),
+            "honoured on POST only",
+        ),
+        (
+            Method::POST,
+            patch,
+            vec![("x-http-method-override", "GET")],
+            Bytes::from_static(br#"{"bucket":"other"}"#),
+            "which takes none",
+        ),
+        (
+            Method::POST,
+            patch,
+            vec![("x-http-method-override", "BREW")],
+            Bytes::new(),
+            "not a method GCS serves",
+        ),
+    ];
+    for (method, target, headers, body, says) in cases {
+        let mut req = request(method.clone(), &sidecar.url(target), full(body));
+        for (name, value) in headers {
+            req.headers_mut().insert(
+                header::HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let answer = send(req).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{method} {target} ({says})"
+        );
+        let message = answer.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(message.contains(says), "{method} {target}: {message}");
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+}
+
+/// A POST with `X-HTTP-Method-Override: PATCH` (Google's Java client on
+/// `HttpURLConnection`) is routed and forwarded as the PATCH it stands for.
+#[tokio::test]
+async fn a_method_override_on_post_is_honoured() {
+    let methods = Arc::new(Mutex::new(Vec::new()));
+    let record = methods.clone();
+    let upstream = Upstream::start(handler(move |req: Request<Incoming>| {
+        let record = record.clone();
+        async move {
+            let override_sent = req.headers().contains_key("x-http-method-override");
+            let method = req.method().clone();
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            record.lock().expect("lock").push((
+                method,
+                override_sent,
+                String::from_utf8_lossy(&body).into_owned(),
+            ));
+            json_response(
+                StatusCode::OK,
+                object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
+            )
+        }
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let mut req = request(
+        Method::POST,
+        &sidecar.url("/storage/v1/b/photos/o/x"),
+        full(r#"{"bucket":"photos","metadata":{"a":"b"}}"#),
+    );
+    req.headers_mut()
+        .insert("x-http-method-override", HeaderValue::from_static("PATCH"));
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.json()["bucket"], "photos");
+    let methods = methods.lock().expect("lock").clone();
+    assert_eq!(methods.len(), 1);
+    assert_eq!(methods[0].0, Method::PATCH);
+    assert!(!methods[0].1, "the override header is not forwarded");
+    assert!(methods[0].2.contains(PHYSICAL), "{}", methods[0].2);
+}
+
 #[tokio::test]
 async fn physical_names_pass_when_allowed() {
     let upstream = Upstream::start(echo_object_handler()).await;

@@ -17,12 +17,13 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::auth::Auth;
 use crate::batch;
-use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, full};
+use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, empty, full};
 use crate::config::INTERNAL_PREFIX;
 use crate::errors::{ApiError, ErrorStyle};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::{Metrics, OperationLabels, RequestLabels};
 use crate::rewrite::json::rewrite_json_bytes;
+use crate::rewrite::strict::check_request_json;
 use crate::rewrite::text::replace_bucket_tokens;
 use crate::rewrite::url::{rewrite_copy_source, rewrite_url};
 use crate::rewrite::xml::rewrite_xml;
@@ -235,14 +236,20 @@ impl Proxy {
                 style: ErrorStyle::Json,
             });
         }
-        let routed =
-            route(req.method(), &path, query.as_deref(), vhost.as_deref()).map_err(|e| {
-                self.metrics.refused(e.reason());
-                Rejection {
-                    error: ApiError::refused_request(&e),
-                    style: guess_style(&path),
-                }
-            })?;
+        let method = effective_method(req.method(), req.headers()).map_err(|error| {
+            self.metrics.refused("method_override");
+            Rejection {
+                error,
+                style: guess_style(&path),
+            }
+        })?;
+        let routed = route(&method, &path, query.as_deref(), vhost.as_deref()).map_err(|e| {
+            self.metrics.refused(e.reason());
+            Rejection {
+                error: ApiError::refused_request(&e),
+                style: guess_style(&path),
+            }
+        })?;
         *operation = routed.operation;
         let style = routed.api.error_style();
         let rejected = reject(style);
@@ -290,22 +297,16 @@ impl Proxy {
         };
 
         let mut upstream_req = Request::new(upstream_body);
-        *upstream_req.method_mut() = parts.method.clone();
+        *upstream_req.method_mut() = method.clone();
         *upstream_req.uri_mut() = target;
         *upstream_req.headers_mut() = headers;
         let response = self
             .send(upstream_req, routed.operation)
             .await
             .map_err(&rejected)?;
-        self.translate_response(
-            response,
-            &routed,
-            &parts.method,
-            &to_logical,
-            batch_plan.as_ref(),
-        )
-        .await
-        .map_err(&rejected)
+        self.translate_response(response, &routed, &method, &to_logical, batch_plan.as_ref())
+            .await
+            .map_err(&rejected)
     }
 
     /// The upstream URL: the raw path with each bucket segment replaced by the
@@ -411,9 +412,27 @@ impl Proxy {
             .to_owned();
         Ok(match routed.request_body {
             RequestBody::Stream => Outgoing::Body(boxed(Counted::new(body, from_client))),
+            RequestBody::None => {
+                let bytes = self.read_metadata(incoming, body).await?;
+                from_client.inc_by(bytes.len() as u64);
+                if !bytes.is_empty() {
+                    return Err(ApiError::bad_request(format!(
+                        "bucketmap-sidecar refuses a request body on {}, which takes none",
+                        routed.operation
+                    )));
+                }
+                headers.remove(header::TRANSFER_ENCODING);
+                if incoming.contains_key(header::CONTENT_LENGTH)
+                    || incoming.contains_key(header::TRANSFER_ENCODING)
+                {
+                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+                }
+                Outgoing::Body(empty())
+            }
             RequestBody::Json(hint) => {
                 let bytes = self.read_metadata(incoming, body).await?;
                 from_client.inc_by(bytes.len() as u64);
+                check_request_json(&bytes, routed.request_kind)?;
                 let new = rewrite_json_bytes(&bytes, hint, to_physical)?;
                 Outgoing::Body(replaced_body(headers, bytes, new))
             }
@@ -425,7 +444,9 @@ impl Proxy {
             }
             RequestBody::Multipart(hint) => {
                 let counted = Counted::new(body, from_client);
+                let kind = routed.request_kind;
                 let rewritten = upload::rewrite_related(counted, &content_type, limit, |part| {
+                    check_request_json(part, kind)?;
                     rewrite_json_bytes(part, hint, to_physical)
                 })
                 .await
@@ -692,8 +713,51 @@ fn replaced_body(headers: &mut HeaderMap, original: Bytes, new: Option<Vec<u8>>)
     full(bytes)
 }
 
+/// The header some clients (Google's Java client on `HttpURLConnection`) use
+/// to send a PATCH as a POST.
+const METHOD_OVERRIDE: &str = "x-http-method-override";
+
+/// The method a request is routed and forwarded as: `X-HTTP-Method-Override`
+/// is honoured on a POST (the upstream then gets the real method, without
+/// the header); on any other method, or given twice, or naming a method GCS
+/// does not serve, it is refused.
+fn effective_method(method: &Method, headers: &HeaderMap) -> Result<Method, ApiError> {
+    let mut values = headers.get_all(METHOD_OVERRIDE).iter();
+    let Some(value) = values.next() else {
+        return Ok(method.clone());
+    };
+    let refuse = |why: String| {
+        ApiError::bad_request(format!(
+            "bucketmap-sidecar refuses X-HTTP-Method-Override here: {why}"
+        ))
+    };
+    if values.next().is_some() {
+        return Err(refuse("it is given more than once".to_owned()));
+    }
+    if *method != Method::POST {
+        return Err(refuse(format!(
+            "it is honoured on POST only, and this is a {method}"
+        )));
+    }
+    let served = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+    ];
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| Method::from_bytes(v.trim().as_bytes()).ok())
+        .filter(|m| served.contains(m))
+        .ok_or_else(|| refuse(format!("{value:?} is not a method GCS serves")))
+}
+
 fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     let mut headers = incoming.clone();
+    headers.remove(METHOD_OVERRIDE);
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::EXPECT);

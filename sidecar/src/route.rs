@@ -65,6 +65,8 @@ pub enum Resource {
 /// How a request body is handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestBody {
+    /// The operation takes no body: a non-empty one is refused.
+    None,
     /// Forwarded as a stream, untouched (object data, or bodies without bucket names).
     Stream,
     /// A JSON metadata document, read whole and rewritten.
@@ -108,6 +110,8 @@ pub struct Route {
     /// The bucket named by the `Host` header (XML API, virtual-hosted style).
     pub virtual_host: Option<String>,
     pub request_body: RequestBody,
+    /// The `kind` a JSON request body must have, when it has one.
+    pub request_kind: Option<&'static str>,
     pub response_body: ResponseBody,
 }
 
@@ -365,6 +369,7 @@ fn route_of(
         buckets: Vec::new(),
         virtual_host: None,
         request_body,
+        request_kind: None,
         response_body,
     }
 }
@@ -445,15 +450,17 @@ fn json_route(
         route_of(
             Api::Json,
             "objects.download",
-            RequestBody::Stream,
+            RequestBody::None,
             ResponseBody::Media,
         )
     } else {
         let request = op
             .request_resource()
-            .map_or(RequestBody::Stream, RequestBody::Json);
+            .map_or(RequestBody::None, RequestBody::Json);
         let response = ResponseBody::Json(op.response_resource());
-        route_of(Api::Json, &op.name, request, response)
+        let mut route = route_of(Api::Json, &op.name, request, response);
+        route.request_kind = op.request_kind.as_deref();
+        route
     };
     for (template, seg) in op.segments.iter().zip(segs) {
         if *template == Segment::Bucket {
@@ -478,24 +485,42 @@ fn upload_route(
     let [upload_type, upload_id] = routing_params(query, &["uploadType", "upload_id"])?;
     let upload = |op, req| route_of(Api::Upload, op, req, ResponseBody::Json(Resource::Object));
     let mut route = match (upload_id, method) {
+        (None, &Method::POST) if upload_type.as_deref() != Some("media") => {
+            let mut route = upload_start(upload_type.as_deref())?;
+            route.request_kind = Some(OBJECT_KIND);
+            route
+        }
         (Some(_), &Method::DELETE) => upload("uploads.resumable.cancel", Req::Stream),
         (Some(_), &Method::PUT | &Method::POST) => upload("uploads.resumable.chunk", Req::Stream),
         (Some(_), _) => return Ok(None),
-        (None, &Method::POST) => match upload_type.as_deref() {
-            Some("multipart") => upload("uploads.multipart", Req::Multipart(Resource::Object)),
-            Some("resumable") => upload("uploads.resumable.start", Req::Json(Resource::Object)),
-            Some("media") => upload("uploads.media", Req::Stream),
-            other => {
-                return Err(RouteError::BadParameter {
-                    key: "uploadType",
-                    value: other.unwrap_or("(missing)").chars().take(32).collect(),
-                });
-            }
-        },
+        (None, &Method::POST) => upload("uploads.media", Req::Stream),
         (None, _) => return Ok(None),
     };
     route.buckets.push(bucket_slot(segs[1])?);
     Ok(Some(route))
+}
+
+/// The `kind` of object metadata (multipart uploads, resumable starts).
+const OBJECT_KIND: &str = "storage#object";
+
+/// `POST` of a multipart upload or of a resumable session's start.
+fn upload_start(upload_type: Option<&str>) -> Result<Route, RouteError> {
+    use RequestBody as Req;
+    let upload = |op, req| route_of(Api::Upload, op, req, ResponseBody::Json(Resource::Object));
+    match upload_type {
+        Some("multipart") => Ok(upload(
+            "uploads.multipart",
+            Req::Multipart(Resource::Object),
+        )),
+        Some("resumable") => Ok(upload(
+            "uploads.resumable.start",
+            Req::Json(Resource::Object),
+        )),
+        other => Err(RouteError::BadParameter {
+            key: "uploadType",
+            value: other.unwrap_or("(missing)").chars().take(32).collect(),
+        }),
+    }
 }
 
 /// A session URL of the emulator (`/upload/resumable/{id}`).
@@ -683,7 +708,7 @@ mod tests {
                 Json,
                 "buckets.list",
                 &[],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Buckets),
             ),
             case(
@@ -701,7 +726,7 @@ mod tests {
                 Json,
                 "buckets.get",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Bucket),
             ),
             case(
@@ -719,7 +744,7 @@ mod tests {
                 Json,
                 "buckets.delete",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Generic),
             ),
             case(
@@ -728,7 +753,7 @@ mod tests {
                 Json,
                 "buckets.getIamPolicy",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Policy),
             ),
             case(
@@ -746,7 +771,7 @@ mod tests {
                 Json,
                 "bucketAccessControls.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Acls),
             ),
             case(
@@ -764,7 +789,7 @@ mod tests {
                 Json,
                 "objects.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Objects),
             ),
             case(
@@ -773,7 +798,7 @@ mod tests {
                 Json,
                 "objects.get",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Object),
             ),
             case(
@@ -782,7 +807,7 @@ mod tests {
                 Json,
                 "objects.download",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Media,
             ),
             case(
@@ -827,7 +852,7 @@ mod tests {
                 Json,
                 "objects.move",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Object),
             ),
             case(
@@ -836,7 +861,7 @@ mod tests {
                 Json,
                 "objectAccessControls.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Acls),
             ),
             case(
@@ -845,7 +870,7 @@ mod tests {
                 Json,
                 "notifications.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Notification),
             ),
             case(
@@ -863,7 +888,7 @@ mod tests {
                 Json,
                 "projects.serviceAccount.get",
                 &[],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Generic),
             ),
             case(

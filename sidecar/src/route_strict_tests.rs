@@ -67,7 +67,7 @@ fn every_discovery_method_is_routed_and_rewritten_or_refused_with_a_reason() {
                 );
                 let want_request = op
                     .request_resource()
-                    .map_or(RequestBody::Stream, RequestBody::Json);
+                    .map_or(RequestBody::None, RequestBody::Json);
                 assert_eq!(r.request_body, want_request, "{}: request body", op.name);
                 assert_eq!(
                     r.response_body,
