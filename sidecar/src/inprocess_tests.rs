@@ -786,6 +786,164 @@ async fn a_method_override_on_post_is_honoured() {
     assert!(methods[0].2.contains(PHYSICAL), "{}", methods[0].2);
 }
 
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(data).expect("gzip");
+    encoder.finish().expect("gzip")
+}
+
+/// What a recording upstream saw: content encoding and the body.
+type Recorded = Arc<Mutex<Vec<(Option<HeaderValue>, Bytes)>>>;
+
+/// An upstream that records bodies and answers an object resource,
+/// gzip-compressed when the path ends in `gz`.
+fn recording_upstream(recorded: Recorded) -> Handler {
+    handler(move |req: Request<Incoming>| {
+        let recorded = recorded.clone();
+        async move {
+            let gz = req.uri().path().ends_with("gz");
+            let encoding = req.headers().get(header::CONTENT_ENCODING).cloned();
+            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+            recorded
+                .lock()
+                .expect("lock")
+                .push((encoding, body.unwrap_or_default()));
+            let doc = object("https://storage.googleapis.com", PHYSICAL, "gz", "gz");
+            if !gz {
+                return json_response(StatusCode::OK, doc);
+            }
+            let mut response = Response::new(full(gzip(doc.to_string().as_bytes())));
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            response
+        }
+    })
+}
+
+/// Google's Java client gzips metadata bodies and multipart uploads: they are
+/// decoded, rewritten and forwarded uncompressed; object data is never decoded
+/// (a gzip media upload passes as it is); corrupt gzip is a 400, never a 502;
+/// a gzip metadata response reaches the client decoded and rewritten.
+#[tokio::test]
+async fn gzip_bodies_are_decoded_before_rewriting() {
+    let recorded: Recorded = Arc::new(Mutex::new(Vec::new()));
+    let upstream = Upstream::start(recording_upstream(recorded.clone())).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let gzipped = |method: Method, target: &str, content_type: &str, body: Vec<u8>| {
+        let mut req = request(method, &sidecar.url(target), full(body));
+        let headers = req.headers_mut();
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        headers.insert(header::CONTENT_TYPE, content_type.parse().expect("type"));
+        req
+    };
+    let take = || recorded.lock().expect("lock").drain(..).collect::<Vec<_>>();
+
+    let answer = send(gzipped(
+        Method::PATCH,
+        "/storage/v1/b/photos/o/x",
+        "application/json",
+        gzip(br#"{"bucket":"photos","metadata":{"k":"v"}}"#),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = take();
+    assert_eq!(seen[0].0, None, "forwarded uncompressed");
+    assert_eq!(
+        &seen[0].1[..],
+        br#"{"bucket":"photos-k3x9q2mw","metadata":{"k":"v"}}"#
+    );
+
+    let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    let mut multipart = b"--b\r\nContent-Type: application/json\r\n\r\n{\"name\":\"o\",\"bucket\":\"photos\"}\r\n--b\r\nContent-Type: application/octet-stream\r\n\r\n".to_vec();
+    multipart.extend_from_slice(&data);
+    multipart.extend_from_slice(b"\r\n--b--\r\n");
+    let target = "/upload/storage/v1/b/photos/o?uploadType=multipart";
+    let answer = send(gzipped(
+        Method::POST,
+        target,
+        "multipart/related; boundary=b",
+        gzip(&multipart),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = take();
+    assert_eq!(seen[0].0, None, "forwarded uncompressed");
+    let forwarded = &seen[0].1;
+    let text = String::from_utf8_lossy(forwarded);
+    assert!(
+        text.contains(r#""bucket":"photos-k3x9q2mw""#),
+        "metadata rewritten"
+    );
+    assert!(
+        forwarded.windows(data.len()).any(|w| w == &data[..]),
+        "object data forwarded byte for byte"
+    );
+
+    let packed = gzip(&data);
+    let mut req = gzipped(
+        Method::POST,
+        "/upload/storage/v1/b/photos/o?uploadType=media&name=o",
+        "application/octet-stream",
+        packed.clone(),
+    );
+    req.headers_mut().remove(header::CONTENT_TYPE);
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = take();
+    assert_eq!(seen[0].0.as_ref().map(|v| v.as_bytes()), Some(&b"gzip"[..]));
+    assert_eq!(&seen[0].1[..], &packed[..], "media is never decoded");
+
+    let truncated_json = gzip(br#"{"bucket":"photos"}"#);
+    let truncated_json = truncated_json[..truncated_json.len() - 5].to_vec();
+    let mut truncated_upload = gzip(&multipart);
+    truncated_upload.truncate(truncated_upload.len() - 100);
+    for (method, target, content_type, body) in [
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            "application/json",
+            truncated_json,
+        ),
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            "application/json",
+            b"not gzip".to_vec(),
+        ),
+        (
+            Method::POST,
+            target,
+            "multipart/related; boundary=b",
+            truncated_upload,
+        ),
+    ] {
+        let answer = send(gzipped(method.clone(), target, content_type, body)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{method} {target}: {}",
+            answer.text()
+        );
+        assert!(answer.text().contains("gzip"), "{}", answer.text());
+    }
+    take();
+
+    let answer = send(request(
+        Method::GET,
+        &sidecar.url("/storage/v1/b/photos/o/gz"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert!(answer.headers.get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(answer.json()["bucket"], "photos");
+}
+
 #[tokio::test]
 async fn physical_names_pass_when_allowed() {
     let upstream = Upstream::start(echo_object_handler()).await;

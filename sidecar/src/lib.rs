@@ -38,6 +38,7 @@ pub mod batch;
 pub mod body;
 pub mod config;
 pub mod discovery;
+pub mod encoding;
 pub mod errors;
 pub mod mapping;
 pub mod metrics;

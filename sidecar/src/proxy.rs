@@ -19,6 +19,7 @@ use crate::auth::Auth;
 use crate::batch;
 use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, empty, full};
 use crate::config::INTERNAL_PREFIX;
+use crate::encoding::{Encoding, Gunzip, GunzipError, content_encoding, gunzip};
 use crate::errors::{ApiError, ErrorStyle};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::{Metrics, OperationLabels, RequestLabels};
@@ -410,6 +411,16 @@ impl Proxy {
         let content_type = header_str(incoming, header::CONTENT_TYPE)
             .unwrap_or_default()
             .to_owned();
+        let encoding = match routed.request_body {
+            // Object data: never decoded, its encoding is the client's business.
+            RequestBody::Stream => Encoding::Identity,
+            _ => content_encoding(incoming)
+                .map_err(|e| ApiError::bad_request(format!("bucketmap-sidecar: {e}")))?,
+        };
+        if encoding == Encoding::Gzip {
+            // The sidecar decodes what it rewrites and forwards it uncompressed.
+            headers.remove(header::CONTENT_ENCODING);
+        }
         Ok(match routed.request_body {
             RequestBody::Stream => Outgoing::Body(boxed(Counted::new(body, from_client))),
             RequestBody::None => {
@@ -444,6 +455,12 @@ impl Proxy {
             }
             RequestBody::Multipart(hint) => {
                 let counted = Counted::new(body, from_client);
+                let gzipped = encoding == Encoding::Gzip;
+                let counted = if gzipped {
+                    boxed(Gunzip::new(counted))
+                } else {
+                    boxed(counted)
+                };
                 let kind = routed.request_kind;
                 let rewritten = upload::rewrite_related(counted, &content_type, limit, |part| {
                     check_request_json(part, kind)?;
@@ -451,7 +468,10 @@ impl Proxy {
                 })
                 .await
                 .map_err(|e| e.into_api_error(limit))?;
-                if let Some(length) = content_length(incoming) {
+                if gzipped {
+                    // Decoded as it streams: its length is known only at the end.
+                    headers.remove(header::CONTENT_LENGTH);
+                } else if let Some(length) = content_length(incoming) {
                     let new_length = length.saturating_add_signed(rewritten.length_delta);
                     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(new_length));
                 }
@@ -492,6 +512,13 @@ impl Proxy {
             .get_or_create(&labels)
             .observe(sent.elapsed().as_secs_f64());
         result.map_err(|e| {
+            if let Some(gzip) = find_source::<GunzipError>(&e) {
+                // The client's own body was bad, not the upstream.
+                return ApiError::bad_request(format!(
+                    "bucketmap-sidecar cannot read the request body (Content-Encoding: gzip): \
+                     {gzip}"
+                ));
+            }
             let detail = error_chain(&e);
             tracing::warn!(operation, error = %detail, "upstream request failed");
             ApiError::bad_gateway(detail)
@@ -503,21 +530,19 @@ impl Proxy {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
-        if let Some(encoding) = header_str(headers, header::CONTENT_ENCODING)
-            && !encoding.eq_ignore_ascii_case("identity")
-        {
-            return Err(ApiError::bad_request(format!(
-                "bucketmap-sidecar cannot rewrite a metadata body with Content-Encoding {encoding}"
-            )));
+        let limit = self.settings.max_metadata_bytes;
+        let encoding = content_encoding(headers)
+            .map_err(|e| ApiError::bad_request(format!("bucketmap-sidecar: {e}")))?;
+        let bytes = collect_capped(body, limit).await.map_err(|e| match e {
+            CollectError::TooLarge { limit } => ApiError::too_large(limit),
+            CollectError::Body(err) => {
+                ApiError::bad_request(format!("cannot read the request body: {err}"))
+            }
+        })?;
+        match encoding {
+            Encoding::Identity => Ok(bytes),
+            Encoding::Gzip => gunzip(&bytes, limit).map_err(GunzipError::into_api_error),
         }
-        collect_capped(body, self.settings.max_metadata_bytes)
-            .await
-            .map_err(|e| match e {
-                CollectError::TooLarge { limit } => ApiError::too_large(limit),
-                CollectError::Body(err) => {
-                    ApiError::bad_request(format!("cannot read the request body: {err}"))
-                }
-            })
     }
 
     /// Translates the upstream's answer: link headers always; the body when it
@@ -552,18 +577,19 @@ impl Proxy {
         let Some(kind) = metadata_kind(routed, method, parts.status, &content_type) else {
             return Ok(Response::from_parts(parts, boxed(body)));
         };
-        if let Some(encoding) = header_str(&parts.headers, header::CONTENT_ENCODING)
-            && !encoding.eq_ignore_ascii_case("identity")
-        {
-            return Err(ApiError::bad_gateway(format!(
-                "the upstream sent a metadata body with Content-Encoding {encoding}"
-            )));
-        }
-        let bytes = collect_capped(body, self.settings.max_metadata_bytes)
-            .await
-            .map_err(|e| {
+        let encoding = content_encoding(&parts.headers)
+            .map_err(|e| ApiError::bad_gateway(format!("the upstream sent {e}")))?;
+        let limit = self.settings.max_metadata_bytes;
+        let mut bytes = collect_capped(body, limit).await.map_err(|e| {
+            ApiError::bad_gateway(format!("cannot read the upstream response: {e}"))
+        })?;
+        if encoding == Encoding::Gzip {
+            // Sent uncompressed to the client, which may not have asked for gzip.
+            bytes = gunzip(&bytes, limit).map_err(|e| {
                 ApiError::bad_gateway(format!("cannot read the upstream response: {e}"))
             })?;
+            parts.headers.remove(header::CONTENT_ENCODING);
+        }
         let new = match kind {
             MetadataKind::Json(hint) => rewrite_json_bytes(&bytes, hint, tr).ok().flatten(),
             MetadataKind::Xml => rewrite_xml(&bytes, tr).ok().flatten(),
@@ -809,6 +835,20 @@ fn guess_style(path: &str) -> ErrorStyle {
     } else {
         ErrorStyle::Xml
     }
+}
+
+/// The first error of type `E` in `err`'s source chain.
+fn find_source<'e, E: std::error::Error + 'static>(
+    err: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e E> {
+    let mut current = Some(err);
+    while let Some(inner) = current {
+        if let Some(found) = inner.downcast_ref::<E>() {
+            return Some(found);
+        }
+        current = inner.source();
+    }
+    None
 }
 
 fn error_chain(err: &dyn std::error::Error) -> String {
