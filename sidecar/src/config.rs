@@ -79,6 +79,13 @@ pub struct Config {
     #[arg(long, default_value_t = 8 * 1024 * 1024, value_name = "BYTES")]
     pub max_metadata_bytes: usize,
 
+    /// Base URL (scheme and host[:port], no path) that absolute links in
+    /// responses (selfLink, mediaLink, resumable session URLs) point at, when
+    /// clients reach the sidecar under another address than --listen (a
+    /// Service, a port mapping). By default links use the listen address.
+    #[arg(long, value_name = "URL", value_parser = parse_advertise_url)]
+    pub advertise_url: Option<Uri>,
+
     /// Optional separate listener for /metrics, /healthz and /readyz.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
@@ -156,6 +163,10 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn parse_advertise_url(raw: &str) -> Result<Uri, String> {
+    parse_upstream(raw).map_err(|e| e.replace("upstream", "advertise URL"))
 }
 
 fn parse_upstream(raw: &str) -> Result<Uri, String> {

@@ -113,6 +113,7 @@ struct Sidecar {
 
 struct Options {
     allow_physical: bool,
+    advertise_url: Option<http::Uri>,
     max_metadata_bytes: usize,
     auth: Auth,
     mapping: Option<Mapping>,
@@ -122,6 +123,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             allow_physical: false,
+            advertise_url: None,
             max_metadata_bytes: 1024 * 1024,
             auth: Auth::None,
             mapping: Some(mapping(PHYSICAL)),
@@ -150,6 +152,7 @@ impl Sidecar {
             max_metadata_bytes: options.max_metadata_bytes,
             upstream_timeout: None,
             listen: addr,
+            advertise_url: options.advertise_url.clone(),
         };
         let client = build_client(Duration::from_secs(5), Duration::from_secs(30)).expect("client");
         let metrics = Arc::new(Metrics::new());
@@ -1493,6 +1496,75 @@ async fn resumable_sessions_stay_behind_the_proxy() {
         seen[1].target,
         format!("/upload/storage/v1/b/{PHYSICAL}/o?uploadType=resumable&name=x&upload_id=ABC")
     );
+}
+
+/// Links point at the address the client connected to, whatever `Host`
+/// says: a `Host` without a port (the Rust SDK's) or naming another host
+/// still gives a session URL that reaches the sidecar; `--advertise-url`
+/// replaces it when set.
+#[tokio::test]
+async fn links_reach_the_sidecar_whatever_the_host_header_says() {
+    let session = |req: Request<Incoming>| async move {
+        if req.uri().query().is_some_and(|q| q.contains("upload_id")) {
+            return json_response(
+                StatusCode::OK,
+                object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
+            );
+        }
+        let mut response = Response::new(empty());
+        let location = format!(
+            "https://storage.googleapis.com/upload/storage/v1/b/{PHYSICAL}/o?uploadType=resumable&upload_id=ABC"
+        );
+        response.headers_mut().insert(
+            header::LOCATION,
+            HeaderValue::from_str(&location).expect("location"),
+        );
+        response
+    };
+    let upstream = Upstream::start(handler(session)).await;
+    let advertised: http::Uri = "https://sidecar.example:8443".parse().expect("uri");
+    let plain = Sidecar::start(&upstream, Options::default()).await;
+    let advertising = Sidecar::start(
+        &upstream,
+        Options {
+            advertise_url: Some(advertised),
+            ..Options::default()
+        },
+    )
+    .await;
+    let tail = "/upload/storage/v1/b/photos/o?uploadType=resumable&upload_id=ABC";
+    let cases = [
+        (&plain, Some("127.0.0.1"), plain.url(tail)),
+        (&plain, Some("attacker.example:1234"), plain.url(tail)),
+        (&plain, None, plain.url(tail)),
+        (
+            &advertising,
+            Some("127.0.0.1"),
+            format!("https://sidecar.example:8443{tail}"),
+        ),
+    ];
+    for (sidecar, host, want) in cases {
+        let mut init = request(
+            Method::POST,
+            &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=resumable&name=x"),
+            full(r#"{"name":"x"}"#),
+        );
+        if let Some(host) = host {
+            init.headers_mut()
+                .insert(header::HOST, HeaderValue::from_static(host));
+        }
+        let answer = send(init).await;
+        let location = answer
+            .headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(location, want, "Host {host:?}");
+    }
+    // The session URL given for a port-less Host works.
+    let answer = send(request(Method::PUT, &plain.url(tail), full("data"))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
 }
 
 #[tokio::test]

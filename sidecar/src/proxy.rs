@@ -72,8 +72,10 @@ pub struct ProxySettings {
     pub max_metadata_bytes: usize,
     /// Time to upstream response headers; `None` for no limit.
     pub upstream_timeout: Option<Duration>,
-    /// Used in links when a request has no `Host`.
+    /// The address clients connect to; links in responses point at it.
     pub listen: SocketAddr,
+    /// Where links point instead, when set (`--advertise-url`).
+    pub advertise_url: Option<Uri>,
 }
 
 /// Everything a request needs.
@@ -270,11 +272,7 @@ impl Proxy {
             allow_physical: allow,
             links: &self.upstream_links,
         };
-        let client_links = LinkBase {
-            scheme: "http".to_owned(),
-            authority: host,
-            virtual_host: routed.virtual_host.clone(),
-        };
+        let client_links = self.client_links(&host, routed.virtual_host.clone());
         let to_logical = Translator {
             mapping: &mapping,
             direction: Direction::ToLogical,
@@ -308,6 +306,34 @@ impl Proxy {
         self.translate_response(response, &routed, &method, &to_logical, batch_plan.as_ref())
             .await
             .map_err(&rejected)
+    }
+
+    /// Where absolute links in responses point: `--advertise-url` when set;
+    /// otherwise the listen address, whose port the client connected to.
+    /// The `Host` header is used only for its host name, and only when the
+    /// listen address does not name one (it is unspecified) or the request
+    /// is virtual-hosted (the bucket is in the host name); its port is never
+    /// used, so a `Host` without a port (the Rust SDK's) still gives links
+    /// that reach the sidecar.
+    fn client_links(&self, host: &str, virtual_host: Option<String>) -> LinkBase {
+        if let Some(url) = &self.settings.advertise_url {
+            return LinkBase {
+                scheme: url.scheme_str().unwrap_or("http").to_owned(),
+                authority: url.authority().map(|a| a.to_string()).unwrap_or_default(),
+                virtual_host: None,
+            };
+        }
+        let listen = self.settings.listen;
+        let named = virtual_host.is_some() || listen.ip().is_unspecified();
+        let authority = named.then(|| link_host(host)).flatten().map_or_else(
+            || loopback_if_unspecified(listen).to_string(),
+            |name| format!("{name}:{}", listen.port()),
+        );
+        LinkBase {
+            scheme: "http".to_owned(),
+            authority,
+            virtual_host,
+        }
     }
 
     /// The upstream URL: the raw path with each bucket segment replaced by the
@@ -813,6 +839,31 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
+/// The host name of a `Host` value (`photos.localhost:9023` → `photos.localhost`,
+/// `[::1]` stays bracketed), when it is a syntactically valid authority
+/// without user info.
+fn link_host(host: &str) -> Option<&str> {
+    let authority: Authority = host.parse().ok()?;
+    if host.contains('@') || authority.host().is_empty() {
+        return None;
+    }
+    let end = if host.starts_with('[') {
+        host.find(']')? + 1
+    } else {
+        host.rfind(':').unwrap_or(host.len())
+    };
+    Some(&host[..end])
+}
+
+/// `0.0.0.0:P` (or `[::]:P`) is no address to link to: use loopback.
+fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+    } else {
+        addr
+    }
+}
+
 fn header_str(headers: &HeaderMap, name: HeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -860,4 +911,28 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_hosts_keep_the_name_and_drop_the_port() {
+        let cases = [
+            ("photos.localhost:9023", Some("photos.localhost")),
+            ("photos.localhost", Some("photos.localhost")),
+            ("127.0.0.1", Some("127.0.0.1")),
+            ("[::1]:9023", Some("[::1]")),
+            ("[::1]", Some("[::1]")),
+            ("user@host:1", None),
+            ("bad host", None),
+            ("", None),
+        ];
+        for (host, want) in cases {
+            assert_eq!(link_host(host), want, "{host:?}");
+        }
+        let any: SocketAddr = "0.0.0.0:9023".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loopback_if_unspecified(any).to_string(), "127.0.0.1:9023");
+    }
 }
