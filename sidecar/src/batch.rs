@@ -463,6 +463,38 @@ mod tests {
         );
     }
 
+    /// `boundary=` inside a quoted parameter is not the boundary: the sidecar
+    /// splits where RFC 2046 parsers (and so the upstream) split, on `abc`,
+    /// and the part hidden behind `xyz` is read as the body of a GET, which
+    /// takes none: it is refused, and nothing names the other bucket.
+    #[test]
+    fn a_boundary_inside_a_quoted_parameter_is_not_the_boundary() {
+        let m = mapping();
+        let up = upstream_base();
+        let body = "--abc\r\nContent-Type: application/http\r\nContent-ID: <1>\r\n\r\n\
+                    GET /storage/v1/b/photos/o HTTP/1.1\r\n\r\n\
+                    --xyz\r\nContent-Type: application/http\r\n\r\n\
+                    GET /storage/v1/b/other/o HTTP/1.1\r\n\r\n\
+                    --xyz--\r\n--abc--\r\n";
+        let plan = prepare(
+            body.as_bytes(),
+            r#"multipart/mixed; foo="x; boundary=xyz"; boundary=abc"#,
+            &translator(&m, &up, Direction::ToPhysical),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(plan.boundary, "abc");
+        assert_eq!(plan.entries.len(), 1);
+        assert!(
+            plan.upstream_body.is_none(),
+            "the smuggled request is not forwarded"
+        );
+        let message = plan.entries[0].local.as_ref().map(|e| e.message.clone());
+        assert!(
+            message.as_deref().is_some_and(|m| m.contains("takes none")),
+            "{message:?}"
+        );
+    }
+
     #[test]
     fn all_refused_is_answered_locally() {
         let m = mapping();
