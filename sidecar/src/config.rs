@@ -245,6 +245,36 @@ mod tests {
     }
 
     #[test]
+    fn advertise_url_is_an_http_base_url() {
+        let base = ["--map", "photos=photos-k3x9q2mw", "--advertise-url"];
+        let cfg = parse(&[&base[..], &["http://sidecar.local:9023"]].concat()).expect("parses");
+        assert_eq!(
+            cfg.advertise_url.map(|u| u.to_string()).as_deref(),
+            Some("http://sidecar.local:9023/")
+        );
+        for bad in [
+            "sidecar.local:9023",
+            "ftp://x",
+            "http://x/path",
+            "http://x/?q",
+        ] {
+            let err = parse(&[&base[..], &[bad]].concat())
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            assert!(
+                err.as_ref().is_err_and(|e| e.contains("advertise URL")),
+                "{bad}: {err:?}"
+            );
+        }
+        assert!(
+            Config::command()
+                .render_long_help()
+                .to_string()
+                .contains("--advertise-url")
+        );
+    }
+
+    #[test]
     fn help_documents_every_flag() {
         let help = Config::command().render_long_help().to_string();
         for flag in [
