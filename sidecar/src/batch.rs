@@ -16,6 +16,7 @@ use crate::body::{ProxyBody, full};
 use crate::errors::ApiError;
 use crate::multipart::{boundary, find_header, part_headers, split};
 use crate::rewrite::json::rewrite_json_bytes;
+use crate::rewrite::strict::check_request_json;
 use crate::rewrite::{Translator, request_bucket};
 use crate::route::{Api, RequestBody, Resource, ResponseBody, replace_slots, route};
 
@@ -110,6 +111,16 @@ fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Re
     let method_text = parsed.method.unwrap_or("GET");
     let method = Method::from_bytes(method_text.as_bytes())
         .map_err(|_| ApiError::bad_request("bad method in a batch part"))?;
+    if parsed
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("x-http-method-override"))
+    {
+        return Err(ApiError::bad_request(
+            "bucketmap-sidecar refuses X-HTTP-Method-Override in a batch part: put the method \
+             in the part's request line",
+        ));
+    }
     let target = parsed.path.unwrap_or("/");
     let uri: Uri = target
         .parse()
@@ -144,7 +155,16 @@ fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Re
         body = &body[..length];
     }
     let rewritten = match routed.request_body {
-        RequestBody::Json(hint) => rewrite_json_bytes(body, hint, tr)?,
+        RequestBody::Json(hint) => {
+            check_request_json(body, routed.request_kind)?;
+            rewrite_json_bytes(body, hint, tr)?
+        }
+        RequestBody::None if !body.is_empty() => {
+            return Err(ApiError::bad_request(format!(
+                "bucketmap-sidecar refuses a request body on {}, which takes none",
+                routed.operation
+            )));
+        }
         _ => None,
     };
     let body = rewritten.as_deref().unwrap_or(body);
@@ -440,6 +460,38 @@ mod tests {
                 .map(|_| ())
                 .map_err(|e| e.status.as_u16()),
             Err(400)
+        );
+    }
+
+    /// `boundary=` inside a quoted parameter is not the boundary: the sidecar
+    /// splits where RFC 2046 parsers (and so the upstream) split, on `abc`,
+    /// and the part hidden behind `xyz` is read as the body of a GET, which
+    /// takes none: it is refused, and nothing names the other bucket.
+    #[test]
+    fn a_boundary_inside_a_quoted_parameter_is_not_the_boundary() {
+        let m = mapping();
+        let up = upstream_base();
+        let body = "--abc\r\nContent-Type: application/http\r\nContent-ID: <1>\r\n\r\n\
+                    GET /storage/v1/b/photos/o HTTP/1.1\r\n\r\n\
+                    --xyz\r\nContent-Type: application/http\r\n\r\n\
+                    GET /storage/v1/b/other/o HTTP/1.1\r\n\r\n\
+                    --xyz--\r\n--abc--\r\n";
+        let plan = prepare(
+            body.as_bytes(),
+            r#"multipart/mixed; foo="x; boundary=xyz"; boundary=abc"#,
+            &translator(&m, &up, Direction::ToPhysical),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(plan.boundary, "abc");
+        assert_eq!(plan.entries.len(), 1);
+        assert!(
+            plan.upstream_body.is_none(),
+            "the smuggled request is not forwarded"
+        );
+        let message = plan.entries[0].local.as_ref().map(|e| e.message.clone());
+        assert!(
+            message.as_deref().is_some_and(|m| m.contains("takes none")),
+            "{message:?}"
         );
     }
 

@@ -83,6 +83,13 @@ pub struct Config {
     #[arg(long, default_value_t = 8 * 1024 * 1024, value_name = "BYTES")]
     pub max_metadata_bytes: usize,
 
+    /// Base URL (scheme and host[:port], no path) that absolute links in
+    /// responses (selfLink, mediaLink, resumable session URLs) point at, when
+    /// clients reach the sidecar under another address than --listen (a
+    /// Service, a port mapping). By default links use the listen address.
+    #[arg(long, value_name = "URL", value_parser = parse_advertise_url)]
+    pub advertise_url: Option<Uri>,
+
     /// Optional separate listener for /healthz, /readyz and /metrics, which
     /// never proxies (--metrics-addr is its former name).
     #[arg(long, value_name = "ADDR", visible_alias = "metrics-addr")]
@@ -161,6 +168,10 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn parse_advertise_url(raw: &str) -> Result<Uri, String> {
+    parse_upstream(raw).map_err(|e| e.replace("upstream", "advertise URL"))
 }
 
 fn parse_upstream(raw: &str) -> Result<Uri, String> {
@@ -249,6 +260,36 @@ mod tests {
                 "{flag}"
             );
         }
+    }
+
+    #[test]
+    fn advertise_url_is_an_http_base_url() {
+        let base = ["--map", "photos=photos-k3x9q2mw", "--advertise-url"];
+        let cfg = parse(&[&base[..], &["http://sidecar.local:9023"]].concat()).expect("parses");
+        assert_eq!(
+            cfg.advertise_url.map(|u| u.to_string()).as_deref(),
+            Some("http://sidecar.local:9023/")
+        );
+        for bad in [
+            "sidecar.local:9023",
+            "ftp://x",
+            "http://x/path",
+            "http://x/?q",
+        ] {
+            let err = parse(&[&base[..], &[bad]].concat())
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            assert!(
+                err.as_ref().is_err_and(|e| e.contains("advertise URL")),
+                "{bad}: {err:?}"
+            );
+        }
+        assert!(
+            Config::command()
+                .render_long_help()
+                .to_string()
+                .contains("--advertise-url")
+        );
     }
 
     #[test]

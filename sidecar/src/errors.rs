@@ -107,6 +107,15 @@ impl ApiError {
         )
     }
 
+    /// A request the router refuses: it matches no GCS operation the sidecar
+    /// knows how to rewrite (deny by default).
+    pub fn refused_request(error: &crate::route::RouteError) -> Self {
+        Self::bad_request(format!(
+            "bucketmap-sidecar refuses this request: {error}. It forwards only requests that \
+             match a known GCS operation exactly, so that every bucket name in them is checked."
+        ))
+    }
+
     /// A request the sidecar cannot parse.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(

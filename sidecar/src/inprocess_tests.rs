@@ -104,6 +104,7 @@ fn settings() -> ServerSettings {
 /// The proxy under test.
 struct Sidecar {
     addr: SocketAddr,
+    metrics: Arc<Metrics>,
     store: Arc<MappingStore>,
     proxy: Arc<Proxy>,
     stop: watch::Sender<bool>,
@@ -112,6 +113,7 @@ struct Sidecar {
 
 struct Options {
     allow_physical: bool,
+    advertise_url: Option<http::Uri>,
     max_metadata_bytes: usize,
     auth: Auth,
     mapping: Option<Mapping>,
@@ -121,6 +123,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             allow_physical: false,
+            advertise_url: None,
             max_metadata_bytes: 1024 * 1024,
             auth: Auth::None,
             mapping: Some(mapping(PHYSICAL)),
@@ -149,15 +152,17 @@ impl Sidecar {
             max_metadata_bytes: options.max_metadata_bytes,
             upstream_timeout: None,
             listen: addr,
+            advertise_url: options.advertise_url.clone(),
         };
         let client = build_client(Duration::from_secs(5), Duration::from_secs(30)).expect("client");
+        let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(
             Proxy::new(
                 store.clone(),
                 client,
                 &upstream.url(),
                 options.auth,
-                Arc::new(Metrics::new()),
+                metrics.clone(),
                 proxy_settings,
             )
             .expect("proxy"),
@@ -171,6 +176,7 @@ impl Sidecar {
         let task = tokio::spawn(serve(listener, settings(), handler, stopped));
         Self {
             addr,
+            metrics,
             store,
             proxy,
             stop,
@@ -498,6 +504,447 @@ async fn refused_requests_are_answered_locally_and_nothing_is_forwarded() {
         "nothing forwarded: {:?}",
         upstream.seen()
     );
+}
+
+/// Every method of the discovery document, through the proxy: routed ones
+/// reach the upstream with every bucket segment physical, refused ones are
+/// answered locally with their reason.
+#[tokio::test]
+async fn every_discovery_method_is_forwarded_rewritten_or_refused() {
+    use crate::discovery::{Class, table};
+    use crate::route::strict_tests::example_path;
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let table = table().expect("the discovery table");
+    for op in &table.operations {
+        let target = example_path(&op.segments, "photos");
+        let body = if op.request.is_some() {
+            full("{}")
+        } else {
+            empty()
+        };
+        let forwarded = upstream.seen().len();
+        let answer = send(request(op.method.clone(), &sidecar.url(&target), body)).await;
+        let seen = upstream.seen();
+        match op.class {
+            Class::Routed => {
+                assert_eq!(answer.status, StatusCode::OK, "{target}: {}", answer.text());
+                assert_eq!(seen.len(), forwarded + 1, "{}: forwarded once", op.name);
+                assert_eq!(
+                    seen[forwarded].target,
+                    example_path(&op.segments, PHYSICAL),
+                    "{}",
+                    op.name
+                );
+            }
+            Class::Refused(reason) => {
+                assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{target}");
+                let message = answer.json()["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                assert!(message.contains(reason), "{target}: {message}");
+                assert_eq!(seen.len(), forwarded, "{}: nothing forwarded", op.name);
+            }
+        }
+    }
+}
+
+/// The shapes issue 8 found forwarded naming an unmapped bucket: each gets a
+/// GCS-style 400 naming what was refused, is counted, and nothing is forwarded.
+#[tokio::test]
+async fn requests_the_router_cannot_check_are_refused_and_counted() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let cases: [(Method, &str, &str); 10] = [
+        (Method::GET, "/storage/v1//b/other/o/x", "empty segment"),
+        (
+            Method::GET,
+            "/storage/v1/%62/other/o/x",
+            "no GCS operation matches",
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o/x/../../../other/o/x",
+            "relative segments are refused",
+        ),
+        (
+            Method::GET,
+            "/photos/../other/x",
+            "relative segments are refused",
+        ),
+        (
+            Method::GET,
+            "/photos/%2e%2e/other/x",
+            "relative segments are refused",
+        ),
+        (
+            Method::POST,
+            "/upload/storage/v2/b/other/o?uploadType=media",
+            "no GCS operation",
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/x/copyTo/b/logs/o/y/copyTo/b/other/o/z",
+            "no GCS operation",
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/x/copyTo/%62/other/o/y",
+            "no GCS operation",
+        ),
+        (Method::PUT, "/photos?%6Cogging", "spelt differently"),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o/x?alt=media&alt=media",
+            "more than once",
+        ),
+    ];
+    for (method, target, says) in &cases {
+        let answer = send(request(method.clone(), &sidecar.url(target), full("x"))).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{method} {target}");
+        let text = answer.text();
+        assert!(text.contains(says), "{method} {target}: {text}");
+        assert!(
+            text.contains("refuses this request"),
+            "{method} {target}: {text}"
+        );
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+    let metrics = sidecar.metrics.encode();
+    let refused: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("bucketmap_sidecar_refused_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(refused, cases.len() as u64, "{metrics}");
+    assert!(
+        metrics.contains("bucketmap_sidecar_refused_requests_total{reason=\"dot_segment\"} 3"),
+        "{metrics}"
+    );
+}
+
+/// Bodies other parsers could read differently from the rewriter, bodies on
+/// operations that take none, and method overrides that are not honoured:
+/// each refused with a 400, nothing forwarded.
+#[tokio::test]
+async fn request_bodies_are_parsed_strictly() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let patch = "/storage/v1/b/photos/o/x";
+    /// (method, target, headers, body, what the refusal says)
+    type Case = (
+        Method,
+        &'static str,
+        Vec<(&'static str, &'static str)>,
+        Bytes,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"error":{"code":1},"bucket":"other"}"#),
+            "`error` member",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"kind":"storage#bucket","bucket":"other"}"#),
+            "kind",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"bucket":"photos"}{"bucket":"other"}"#),
+            "after the object",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"[{"bucket":"other"}]"#),
+            "one JSON object",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"bucket":"photos","BUCKET":"other"}"#),
+            "differ only in case",
+        ),
+        (
+            Method::PATCH,
+            patch,
+            vec![],
+            Bytes::from_static(b"{\"bucket\":\"other\xff\"}"),
+            "UTF-8",
+        ),
+        (
+            Method::GET,
+            patch,
+            vec![],
+            Bytes::from_static(br#"{"bucket":"other"}"#),
+            "which takes none",
+        ),
+        (
+            Method::DELETE,
+            "/storage/v1/b/photos",
+            vec![],
+            Bytes::from_static(b"x"),
+            "which takes none",
+        ),
+        (
+            Method::GET,
+            patch,
+            vec![("x-http-method-override", "PATCH")],
+            Bytes::from_static(br#"{"bucket":"other"}"#),
+            "honoured on POST only",
+        ),
+        (
+            Method::POST,
+            patch,
+            vec![("x-http-method-override", "GET")],
+            Bytes::from_static(br#"{"bucket":"other"}"#),
+            "which takes none",
+        ),
+        (
+            Method::POST,
+            patch,
+            vec![("x-http-method-override", "BREW")],
+            Bytes::new(),
+            "not a method GCS serves",
+        ),
+    ];
+    for (method, target, headers, body, says) in cases {
+        let mut req = request(method.clone(), &sidecar.url(target), full(body));
+        for (name, value) in headers {
+            req.headers_mut().insert(
+                header::HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let answer = send(req).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{method} {target} ({says})"
+        );
+        let message = answer.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(message.contains(says), "{method} {target}: {message}");
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+}
+
+/// A POST with `X-HTTP-Method-Override: PATCH` (Google's Java client on
+/// `HttpURLConnection`) is routed and forwarded as the PATCH it stands for.
+#[tokio::test]
+async fn a_method_override_on_post_is_honoured() {
+    let methods = Arc::new(Mutex::new(Vec::new()));
+    let record = methods.clone();
+    let upstream = Upstream::start(handler(move |req: Request<Incoming>| {
+        let record = record.clone();
+        async move {
+            let override_sent = req.headers().contains_key("x-http-method-override");
+            let method = req.method().clone();
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            record.lock().expect("lock").push((
+                method,
+                override_sent,
+                String::from_utf8_lossy(&body).into_owned(),
+            ));
+            json_response(
+                StatusCode::OK,
+                object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
+            )
+        }
+    }))
+    .await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let mut req = request(
+        Method::POST,
+        &sidecar.url("/storage/v1/b/photos/o/x"),
+        full(r#"{"bucket":"photos","metadata":{"a":"b"}}"#),
+    );
+    req.headers_mut()
+        .insert("x-http-method-override", HeaderValue::from_static("PATCH"));
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.json()["bucket"], "photos");
+    let methods = methods.lock().expect("lock").clone();
+    assert_eq!(methods.len(), 1);
+    assert_eq!(methods[0].0, Method::PATCH);
+    assert!(!methods[0].1, "the override header is not forwarded");
+    assert!(methods[0].2.contains(PHYSICAL), "{}", methods[0].2);
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(data).expect("gzip");
+    encoder.finish().expect("gzip")
+}
+
+/// What a recording upstream saw: content encoding and the body.
+type Recorded = Arc<Mutex<Vec<(Option<HeaderValue>, Bytes)>>>;
+
+/// An upstream that records bodies and answers an object resource,
+/// gzip-compressed when the path ends in `gz`.
+fn recording_upstream(recorded: Recorded) -> Handler {
+    handler(move |req: Request<Incoming>| {
+        let recorded = recorded.clone();
+        async move {
+            let gz = req.uri().path().ends_with("gz");
+            let encoding = req.headers().get(header::CONTENT_ENCODING).cloned();
+            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+            recorded
+                .lock()
+                .expect("lock")
+                .push((encoding, body.unwrap_or_default()));
+            let doc = object("https://storage.googleapis.com", PHYSICAL, "gz", "gz");
+            if !gz {
+                return json_response(StatusCode::OK, doc);
+            }
+            let mut response = Response::new(full(gzip(doc.to_string().as_bytes())));
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            response
+        }
+    })
+}
+
+/// Google's Java client gzips metadata bodies and multipart uploads: they are
+/// decoded, rewritten and forwarded uncompressed; object data is never decoded
+/// (a gzip media upload passes as it is); corrupt gzip is a 400, never a 502;
+/// a gzip metadata response reaches the client decoded and rewritten.
+#[tokio::test]
+async fn gzip_bodies_are_decoded_before_rewriting() {
+    let recorded: Recorded = Arc::new(Mutex::new(Vec::new()));
+    let upstream = Upstream::start(recording_upstream(recorded.clone())).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let gzipped = |method: Method, target: &str, content_type: &str, body: Vec<u8>| {
+        let mut req = request(method, &sidecar.url(target), full(body));
+        let headers = req.headers_mut();
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        headers.insert(header::CONTENT_TYPE, content_type.parse().expect("type"));
+        req
+    };
+    let take = || recorded.lock().expect("lock").drain(..).collect::<Vec<_>>();
+
+    let answer = send(gzipped(
+        Method::PATCH,
+        "/storage/v1/b/photos/o/x",
+        "application/json",
+        gzip(br#"{"bucket":"photos","metadata":{"k":"v"}}"#),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = take();
+    assert_eq!(seen[0].0, None, "forwarded uncompressed");
+    assert_eq!(
+        &seen[0].1[..],
+        br#"{"bucket":"photos-k3x9q2mw","metadata":{"k":"v"}}"#
+    );
+
+    let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    let mut multipart = b"--b\r\nContent-Type: application/json\r\n\r\n{\"name\":\"o\",\"bucket\":\"photos\"}\r\n--b\r\nContent-Type: application/octet-stream\r\n\r\n".to_vec();
+    multipart.extend_from_slice(&data);
+    multipart.extend_from_slice(b"\r\n--b--\r\n");
+    let target = "/upload/storage/v1/b/photos/o?uploadType=multipart";
+    let answer = send(gzipped(
+        Method::POST,
+        target,
+        "multipart/related; boundary=b",
+        gzip(&multipart),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = take();
+    assert_eq!(seen[0].0, None, "forwarded uncompressed");
+    let forwarded = &seen[0].1;
+    let text = String::from_utf8_lossy(forwarded);
+    assert!(
+        text.contains(r#""bucket":"photos-k3x9q2mw""#),
+        "metadata rewritten"
+    );
+    assert!(
+        forwarded.windows(data.len()).any(|w| w == &data[..]),
+        "object data forwarded byte for byte"
+    );
+
+    let packed = gzip(&data);
+    let mut req = gzipped(
+        Method::POST,
+        "/upload/storage/v1/b/photos/o?uploadType=media&name=o",
+        "application/octet-stream",
+        packed.clone(),
+    );
+    req.headers_mut().remove(header::CONTENT_TYPE);
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = take();
+    assert_eq!(seen[0].0.as_ref().map(|v| v.as_bytes()), Some(&b"gzip"[..]));
+    assert_eq!(&seen[0].1[..], &packed[..], "media is never decoded");
+
+    let truncated_json = gzip(br#"{"bucket":"photos"}"#);
+    let truncated_json = truncated_json[..truncated_json.len() - 5].to_vec();
+    let mut truncated_upload = gzip(&multipart);
+    truncated_upload.truncate(truncated_upload.len() - 100);
+    for (method, target, content_type, body) in [
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            "application/json",
+            truncated_json,
+        ),
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            "application/json",
+            b"not gzip".to_vec(),
+        ),
+        (
+            Method::POST,
+            target,
+            "multipart/related; boundary=b",
+            truncated_upload,
+        ),
+    ] {
+        let answer = send(gzipped(method.clone(), target, content_type, body)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{method} {target}: {}",
+            answer.text()
+        );
+        assert!(answer.text().contains("gzip"), "{}", answer.text());
+    }
+    take();
+
+    let answer = send(request(
+        Method::GET,
+        &sidecar.url("/storage/v1/b/photos/o/gz"),
+        empty(),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert!(answer.headers.get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(answer.json()["bucket"], "photos");
 }
 
 #[tokio::test]
@@ -1074,6 +1521,75 @@ async fn resumable_sessions_stay_behind_the_proxy() {
     );
 }
 
+/// Links point at the address the client connected to, whatever `Host`
+/// says: a `Host` without a port (the Rust SDK's) or naming another host
+/// still gives a session URL that reaches the sidecar; `--advertise-url`
+/// replaces it when set.
+#[tokio::test]
+async fn links_reach_the_sidecar_whatever_the_host_header_says() {
+    let session = |req: Request<Incoming>| async move {
+        if req.uri().query().is_some_and(|q| q.contains("upload_id")) {
+            return json_response(
+                StatusCode::OK,
+                object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
+            );
+        }
+        let mut response = Response::new(empty());
+        let location = format!(
+            "https://storage.googleapis.com/upload/storage/v1/b/{PHYSICAL}/o?uploadType=resumable&upload_id=ABC"
+        );
+        response.headers_mut().insert(
+            header::LOCATION,
+            HeaderValue::from_str(&location).expect("location"),
+        );
+        response
+    };
+    let upstream = Upstream::start(handler(session)).await;
+    let advertised: http::Uri = "https://sidecar.example:8443".parse().expect("uri");
+    let plain = Sidecar::start(&upstream, Options::default()).await;
+    let advertising = Sidecar::start(
+        &upstream,
+        Options {
+            advertise_url: Some(advertised),
+            ..Options::default()
+        },
+    )
+    .await;
+    let tail = "/upload/storage/v1/b/photos/o?uploadType=resumable&upload_id=ABC";
+    let cases = [
+        (&plain, Some("127.0.0.1"), plain.url(tail)),
+        (&plain, Some("attacker.example:1234"), plain.url(tail)),
+        (&plain, None, plain.url(tail)),
+        (
+            &advertising,
+            Some("127.0.0.1"),
+            format!("https://sidecar.example:8443{tail}"),
+        ),
+    ];
+    for (sidecar, host, want) in cases {
+        let mut init = request(
+            Method::POST,
+            &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=resumable&name=x"),
+            full(r#"{"name":"x"}"#),
+        );
+        if let Some(host) = host {
+            init.headers_mut()
+                .insert(header::HOST, HeaderValue::from_static(host));
+        }
+        let answer = send(init).await;
+        let location = answer
+            .headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(location, want, "Host {host:?}");
+    }
+    // The session URL given for a port-less Host works.
+    let answer = send(request(Method::PUT, &plain.url(tail), full("data"))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+}
+
 #[tokio::test]
 async fn xml_api_path_and_virtual_hosted_styles() {
     let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
@@ -1253,7 +1769,7 @@ async fn shutdown_drains_requests_in_flight() {
     let (mut tx, body) = channel_body();
     let in_flight = tokio::spawn(send(request(
         Method::POST,
-        &sidecar.url("/upload/storage/v1/b/photos/o?name=x"),
+        &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=media&name=x"),
         body,
     )));
     tx.send(Ok(Frame::data(Bytes::from_static(b"part one"))))

@@ -23,7 +23,14 @@
 //! 5. [`server`]: hyper 1 (HTTP/1.1 and h2c) behind a tower concurrency
 //!    limit, graceful drain on SIGTERM.
 //!
-//! Crates chosen over hand-written code: `quick-xml` (XML events with
+//! Deny by default: the JSON API's operations come from Google's discovery
+//! document ([`discovery`]); bodies are checked strictly
+//! ([`rewrite::strict`]) and gzip ones decoded ([`encoding`]) before they
+//! are rewritten.
+//!
+//! Crates chosen over hand-written code: `mime` (media-type parameters, so
+//! multipart boundaries are read as RFC 2046 parsers read them), `flate2`
+//! (gzip), `quick-xml` (XML events with
 //! entities handled), `httparse` (the nested HTTP messages of batches —
 //! hyper's own parser), `memchr` (boundary search), `percent-encoding`,
 //! `arc-swap`, `notify`, `prometheus-client`, `google-cloud-auth` (ADC with
@@ -37,6 +44,8 @@ pub mod auth;
 pub mod batch;
 pub mod body;
 pub mod config;
+pub mod discovery;
+pub mod encoding;
 pub mod errors;
 pub mod mapping;
 pub mod metrics;

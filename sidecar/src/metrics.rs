@@ -25,6 +25,11 @@ pub struct DirectionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -36,6 +41,8 @@ pub struct Metrics {
     pub upstream_latency: Family<OperationLabels, Histogram>,
     pub bytes: Family<DirectionLabels, Counter>,
     pub mapping_reloads: Family<ResultLabels, Counter>,
+    /// Requests refused by the router (deny by default), by reason.
+    pub refusals: Family<ReasonLabels, Counter>,
     pub mapping_entries: Gauge,
     pub in_flight: Gauge,
     /// The two series of `bytes`, looked up once.
@@ -84,6 +91,12 @@ impl Metrics {
             "Mapping reloads that changed the map or failed",
             mapping_reloads.clone(),
         );
+        let refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "refused_requests",
+            "Requests refused because they match no GCS operation the sidecar rewrites, by reason",
+            refusals.clone(),
+        );
         let mapping_entries = Gauge::default();
         registry.register(
             "mapping_entries",
@@ -104,6 +117,7 @@ impl Metrics {
             upstream_latency,
             bytes,
             mapping_reloads,
+            refusals,
             mapping_entries,
             in_flight,
             from_client,
@@ -119,6 +133,11 @@ impl Metrics {
     /// Body bytes sent to the application (response bodies).
     pub fn to_client(&self) -> Counter {
         self.to_client.clone()
+    }
+
+    /// Counts a request the router refused.
+    pub fn refused(&self, reason: &'static str) {
+        self.refusals.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// The OpenMetrics text exposition.
@@ -146,6 +165,7 @@ mod tests {
             .inc();
         m.to_client().inc_by(5);
         m.mapping_entries.set(2);
+        m.refused("dot_segment");
         let text = m.encode();
         assert!(
             text.contains(
@@ -155,6 +175,10 @@ mod tests {
         );
         assert!(
             text.contains("bucketmap_sidecar_body_bytes_total{direction=\"to_client\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bucketmap_sidecar_refused_requests_total{reason=\"dot_segment\"} 1"),
             "{text}"
         );
         assert!(

@@ -4,20 +4,25 @@
 
 use memchr::memmem;
 
-/// The `boundary` parameter of a `multipart/*` content type.
+/// The `boundary` parameter of a `multipart/*` content type, parsed by the
+/// `mime` crate (RFC 2045 parameters, quoted strings included), so that a
+/// `boundary=` inside another parameter's quoted value is not taken for it:
+/// the sidecar must split on the boundary the upstream splits on. A content
+/// type with two `boundary` parameters has none.
 pub fn boundary(content_type: &str) -> Option<String> {
-    let (mime, params) = content_type.split_once(';')?;
-    if !mime.trim().to_ascii_lowercase().starts_with("multipart/") {
+    let mime: mime::Mime = content_type.trim().parse().ok()?;
+    if mime.type_() != mime::MULTIPART {
         return None;
     }
-    params.split(';').find_map(|param| {
-        let (key, value) = param.split_once('=')?;
-        if !key.trim().eq_ignore_ascii_case("boundary") {
-            return None;
-        }
-        let value = value.trim().trim_matches('"');
-        (!value.is_empty() && value.len() <= 200).then(|| value.to_owned())
-    })
+    let mut boundaries = mime
+        .params()
+        .filter(|(name, _)| *name == mime::BOUNDARY)
+        .map(|(_, value)| value.as_str());
+    let value = boundaries.next()?;
+    if boundaries.next().is_some() {
+        return None;
+    }
+    (!value.is_empty() && value.len() <= 200).then(|| value.to_owned())
 }
 
 /// Splits a buffered multipart body into its parts' raw bytes (headers and
@@ -120,6 +125,17 @@ mod tests {
             Some("a b")
         );
         assert_eq!(boundary("application/json; boundary=abc"), None);
+        // RFC 2046 parsers (Go's mime, Python's email) read "abc" here.
+        assert_eq!(
+            boundary(r#"multipart/mixed; foo="x; boundary=xyz"; boundary=abc"#).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            boundary(r#"multipart/mixed; boundary="x;y""#).as_deref(),
+            Some("x;y")
+        );
+        assert_eq!(boundary("multipart/mixed; boundary=a; boundary=b"), None);
+        assert_eq!(boundary(r#"multipart/mixed; boundary="abc"#), None);
         assert_eq!(boundary("multipart/mixed"), None);
     }
 

@@ -17,12 +17,14 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::auth::Auth;
 use crate::batch;
-use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, full};
+use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, empty, full};
 use crate::config::INTERNAL_PREFIX;
+use crate::encoding::{Encoding, Gunzip, GunzipError, content_encoding, gunzip};
 use crate::errors::{ApiError, ErrorStyle};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::{Metrics, OperationLabels, RequestLabels};
 use crate::rewrite::json::rewrite_json_bytes;
+use crate::rewrite::strict::check_request_json;
 use crate::rewrite::text::replace_bucket_tokens;
 use crate::rewrite::url::{rewrite_copy_source, rewrite_url};
 use crate::rewrite::xml::rewrite_xml;
@@ -70,8 +72,10 @@ pub struct ProxySettings {
     pub max_metadata_bytes: usize,
     /// Time to upstream response headers; `None` for no limit.
     pub upstream_timeout: Option<Duration>,
-    /// Used in links when a request has no `Host`.
+    /// The address clients connect to; links in responses point at it.
     pub listen: SocketAddr,
+    /// Where links point instead, when set (`--advertise-url`).
+    pub advertise_url: Option<Uri>,
 }
 
 /// Everything a request needs.
@@ -147,6 +151,8 @@ impl Proxy {
             .authority()
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("upstream {upstream} has no host"))?;
+        // The JSON API's operation table: a broken document stops start-up.
+        crate::discovery::check()?;
         let upstream_links = LinkBase {
             scheme: upstream_scheme.to_string(),
             authority: upstream_authority.to_string(),
@@ -233,15 +239,20 @@ impl Proxy {
                 style: ErrorStyle::Json,
             });
         }
-        let routed =
-            route(req.method(), &path, query.as_deref(), vhost.as_deref()).map_err(|e| {
-                Rejection {
-                    error: ApiError::bad_request(format!(
-                        "bucketmap-sidecar cannot route this request: {e}"
-                    )),
-                    style: guess_style(&path),
-                }
-            })?;
+        let method = effective_method(req.method(), req.headers()).map_err(|error| {
+            self.metrics.refused("method_override");
+            Rejection {
+                error,
+                style: guess_style(&path),
+            }
+        })?;
+        let routed = route(&method, &path, query.as_deref(), vhost.as_deref()).map_err(|e| {
+            self.metrics.refused(e.reason());
+            Rejection {
+                error: ApiError::refused_request(&e),
+                style: guess_style(&path),
+            }
+        })?;
         *operation = routed.operation;
         let style = routed.api.error_style();
         let rejected = reject(style);
@@ -261,11 +272,7 @@ impl Proxy {
             allow_physical: allow,
             links: &self.upstream_links,
         };
-        let client_links = LinkBase {
-            scheme: "http".to_owned(),
-            authority: host,
-            virtual_host: routed.virtual_host.clone(),
-        };
+        let client_links = self.client_links(&host, routed.virtual_host.clone());
         let to_logical = Translator {
             mapping: &mapping,
             direction: Direction::ToLogical,
@@ -289,22 +296,44 @@ impl Proxy {
         };
 
         let mut upstream_req = Request::new(upstream_body);
-        *upstream_req.method_mut() = parts.method.clone();
+        *upstream_req.method_mut() = method.clone();
         *upstream_req.uri_mut() = target;
         *upstream_req.headers_mut() = headers;
         let response = self
             .send(upstream_req, routed.operation)
             .await
             .map_err(&rejected)?;
-        self.translate_response(
-            response,
-            &routed,
-            &parts.method,
-            &to_logical,
-            batch_plan.as_ref(),
-        )
-        .await
-        .map_err(&rejected)
+        self.translate_response(response, &routed, &method, &to_logical, batch_plan.as_ref())
+            .await
+            .map_err(&rejected)
+    }
+
+    /// Where absolute links in responses point: `--advertise-url` when set;
+    /// otherwise the listen address, whose port the client connected to.
+    /// The `Host` header is used only for its host name, and only when the
+    /// listen address does not name one (it is unspecified) or the request
+    /// is virtual-hosted (the bucket is in the host name); its port is never
+    /// used, so a `Host` without a port (the Rust SDK's) still gives links
+    /// that reach the sidecar.
+    fn client_links(&self, host: &str, virtual_host: Option<String>) -> LinkBase {
+        if let Some(url) = &self.settings.advertise_url {
+            return LinkBase {
+                scheme: url.scheme_str().unwrap_or("http").to_owned(),
+                authority: url.authority().map(|a| a.to_string()).unwrap_or_default(),
+                virtual_host: None,
+            };
+        }
+        let listen = self.settings.listen;
+        let named = virtual_host.is_some() || listen.ip().is_unspecified();
+        let authority = named.then(|| link_host(host)).flatten().map_or_else(
+            || loopback_if_unspecified(listen).to_string(),
+            |name| format!("{name}:{}", listen.port()),
+        );
+        LinkBase {
+            scheme: "http".to_owned(),
+            authority,
+            virtual_host,
+        }
     }
 
     /// The upstream URL: the raw path with each bucket segment replaced by the
@@ -408,11 +437,39 @@ impl Proxy {
         let content_type = header_str(incoming, header::CONTENT_TYPE)
             .unwrap_or_default()
             .to_owned();
+        let encoding = match routed.request_body {
+            // Object data: never decoded, its encoding is the client's business.
+            RequestBody::Stream => Encoding::Identity,
+            _ => content_encoding(incoming)
+                .map_err(|e| ApiError::bad_request(format!("bucketmap-sidecar: {e}")))?,
+        };
+        if encoding == Encoding::Gzip {
+            // The sidecar decodes what it rewrites and forwards it uncompressed.
+            headers.remove(header::CONTENT_ENCODING);
+        }
         Ok(match routed.request_body {
             RequestBody::Stream => Outgoing::Body(boxed(Counted::new(body, from_client))),
+            RequestBody::None => {
+                let bytes = self.read_metadata(incoming, body).await?;
+                from_client.inc_by(bytes.len() as u64);
+                if !bytes.is_empty() {
+                    return Err(ApiError::bad_request(format!(
+                        "bucketmap-sidecar refuses a request body on {}, which takes none",
+                        routed.operation
+                    )));
+                }
+                headers.remove(header::TRANSFER_ENCODING);
+                if incoming.contains_key(header::CONTENT_LENGTH)
+                    || incoming.contains_key(header::TRANSFER_ENCODING)
+                {
+                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+                }
+                Outgoing::Body(empty())
+            }
             RequestBody::Json(hint) => {
                 let bytes = self.read_metadata(incoming, body).await?;
                 from_client.inc_by(bytes.len() as u64);
+                check_request_json(&bytes, routed.request_kind)?;
                 let new = rewrite_json_bytes(&bytes, hint, to_physical)?;
                 Outgoing::Body(replaced_body(headers, bytes, new))
             }
@@ -424,12 +481,23 @@ impl Proxy {
             }
             RequestBody::Multipart(hint) => {
                 let counted = Counted::new(body, from_client);
+                let gzipped = encoding == Encoding::Gzip;
+                let counted = if gzipped {
+                    boxed(Gunzip::new(counted))
+                } else {
+                    boxed(counted)
+                };
+                let kind = routed.request_kind;
                 let rewritten = upload::rewrite_related(counted, &content_type, limit, |part| {
+                    check_request_json(part, kind)?;
                     rewrite_json_bytes(part, hint, to_physical)
                 })
                 .await
                 .map_err(|e| e.into_api_error(limit))?;
-                if let Some(length) = content_length(incoming) {
+                if gzipped {
+                    // Decoded as it streams: its length is known only at the end.
+                    headers.remove(header::CONTENT_LENGTH);
+                } else if let Some(length) = content_length(incoming) {
                     let new_length = length.saturating_add_signed(rewritten.length_delta);
                     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(new_length));
                 }
@@ -470,6 +538,13 @@ impl Proxy {
             .get_or_create(&labels)
             .observe(sent.elapsed().as_secs_f64());
         result.map_err(|e| {
+            if let Some(gzip) = find_source::<GunzipError>(&e) {
+                // The client's own body was bad, not the upstream.
+                return ApiError::bad_request(format!(
+                    "bucketmap-sidecar cannot read the request body (Content-Encoding: gzip): \
+                     {gzip}"
+                ));
+            }
             let detail = error_chain(&e);
             tracing::warn!(operation, error = %detail, "upstream request failed");
             ApiError::bad_gateway(detail)
@@ -481,21 +556,19 @@ impl Proxy {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
-        if let Some(encoding) = header_str(headers, header::CONTENT_ENCODING)
-            && !encoding.eq_ignore_ascii_case("identity")
-        {
-            return Err(ApiError::bad_request(format!(
-                "bucketmap-sidecar cannot rewrite a metadata body with Content-Encoding {encoding}"
-            )));
+        let limit = self.settings.max_metadata_bytes;
+        let encoding = content_encoding(headers)
+            .map_err(|e| ApiError::bad_request(format!("bucketmap-sidecar: {e}")))?;
+        let bytes = collect_capped(body, limit).await.map_err(|e| match e {
+            CollectError::TooLarge { limit } => ApiError::too_large(limit),
+            CollectError::Body(err) => {
+                ApiError::bad_request(format!("cannot read the request body: {err}"))
+            }
+        })?;
+        match encoding {
+            Encoding::Identity => Ok(bytes),
+            Encoding::Gzip => gunzip(&bytes, limit).map_err(GunzipError::into_api_error),
         }
-        collect_capped(body, self.settings.max_metadata_bytes)
-            .await
-            .map_err(|e| match e {
-                CollectError::TooLarge { limit } => ApiError::too_large(limit),
-                CollectError::Body(err) => {
-                    ApiError::bad_request(format!("cannot read the request body: {err}"))
-                }
-            })
     }
 
     /// Translates the upstream's answer: link headers always; the body when it
@@ -530,18 +603,19 @@ impl Proxy {
         let Some(kind) = metadata_kind(routed, method, parts.status, &content_type) else {
             return Ok(Response::from_parts(parts, boxed(body)));
         };
-        if let Some(encoding) = header_str(&parts.headers, header::CONTENT_ENCODING)
-            && !encoding.eq_ignore_ascii_case("identity")
-        {
-            return Err(ApiError::bad_gateway(format!(
-                "the upstream sent a metadata body with Content-Encoding {encoding}"
-            )));
-        }
-        let bytes = collect_capped(body, self.settings.max_metadata_bytes)
-            .await
-            .map_err(|e| {
+        let encoding = content_encoding(&parts.headers)
+            .map_err(|e| ApiError::bad_gateway(format!("the upstream sent {e}")))?;
+        let limit = self.settings.max_metadata_bytes;
+        let mut bytes = collect_capped(body, limit).await.map_err(|e| {
+            ApiError::bad_gateway(format!("cannot read the upstream response: {e}"))
+        })?;
+        if encoding == Encoding::Gzip {
+            // Sent uncompressed to the client, which may not have asked for gzip.
+            bytes = gunzip(&bytes, limit).map_err(|e| {
                 ApiError::bad_gateway(format!("cannot read the upstream response: {e}"))
             })?;
+            parts.headers.remove(header::CONTENT_ENCODING);
+        }
         let new = match kind {
             MetadataKind::Json(hint) => rewrite_json_bytes(&bytes, hint, tr).ok().flatten(),
             MetadataKind::Xml => rewrite_xml(&bytes, tr).ok().flatten(),
@@ -690,8 +764,51 @@ fn replaced_body(headers: &mut HeaderMap, original: Bytes, new: Option<Vec<u8>>)
     full(bytes)
 }
 
+/// The header some clients (Google's Java client on `HttpURLConnection`) use
+/// to send a PATCH as a POST.
+const METHOD_OVERRIDE: &str = "x-http-method-override";
+
+/// The method a request is routed and forwarded as: `X-HTTP-Method-Override`
+/// is honoured on a POST (the upstream then gets the real method, without
+/// the header); on any other method, or given twice, or naming a method GCS
+/// does not serve, it is refused.
+fn effective_method(method: &Method, headers: &HeaderMap) -> Result<Method, ApiError> {
+    let mut values = headers.get_all(METHOD_OVERRIDE).iter();
+    let Some(value) = values.next() else {
+        return Ok(method.clone());
+    };
+    let refuse = |why: String| {
+        ApiError::bad_request(format!(
+            "bucketmap-sidecar refuses X-HTTP-Method-Override here: {why}"
+        ))
+    };
+    if values.next().is_some() {
+        return Err(refuse("it is given more than once".to_owned()));
+    }
+    if *method != Method::POST {
+        return Err(refuse(format!(
+            "it is honoured on POST only, and this is a {method}"
+        )));
+    }
+    let served = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+    ];
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| Method::from_bytes(v.trim().as_bytes()).ok())
+        .filter(|m| served.contains(m))
+        .ok_or_else(|| refuse(format!("{value:?} is not a method GCS serves")))
+}
+
 fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     let mut headers = incoming.clone();
+    headers.remove(METHOD_OVERRIDE);
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::EXPECT);
@@ -721,6 +838,31 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
+/// The host name of a `Host` value (`photos.localhost:9023` → `photos.localhost`,
+/// `[::1]` stays bracketed), when it is a syntactically valid authority
+/// without user info.
+fn link_host(host: &str) -> Option<&str> {
+    let authority: Authority = host.parse().ok()?;
+    if host.contains('@') || authority.host().is_empty() {
+        return None;
+    }
+    let end = if host.starts_with('[') {
+        host.find(']')? + 1
+    } else {
+        host.rfind(':').unwrap_or(host.len())
+    };
+    Some(&host[..end])
+}
+
+/// `0.0.0.0:P` (or `[::]:P`) is no address to link to: use loopback.
+fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+    } else {
+        addr
+    }
+}
+
 fn header_str(headers: &HeaderMap, name: HeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -745,6 +887,20 @@ fn guess_style(path: &str) -> ErrorStyle {
     }
 }
 
+/// The first error of type `E` in `err`'s source chain.
+fn find_source<'e, E: std::error::Error + 'static>(
+    err: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e E> {
+    let mut current = Some(err);
+    while let Some(inner) = current {
+        if let Some(found) = inner.downcast_ref::<E>() {
+            return Some(found);
+        }
+        current = inner.source();
+    }
+    None
+}
+
 fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
@@ -754,4 +910,28 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_hosts_keep_the_name_and_drop_the_port() {
+        let cases = [
+            ("photos.localhost:9023", Some("photos.localhost")),
+            ("photos.localhost", Some("photos.localhost")),
+            ("127.0.0.1", Some("127.0.0.1")),
+            ("[::1]:9023", Some("[::1]")),
+            ("[::1]", Some("[::1]")),
+            ("user@host:1", None),
+            ("bad host", None),
+            ("", None),
+        ];
+        for (host, want) in cases {
+            assert_eq!(link_host(host), want, "{host:?}");
+        }
+        let any: SocketAddr = "0.0.0.0:9023".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loopback_if_unspecified(any).to_string(), "127.0.0.1:9023");
+    }
 }

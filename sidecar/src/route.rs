@@ -1,8 +1,14 @@
-//! Request routing: which API a request belongs to, where bucket names sit in
-//! its raw (still percent-encoded) path, and how its bodies must be handled.
+//! Request routing: which GCS operation a request is, where bucket names sit
+//! in its raw (still percent-encoded) path, and how its bodies are handled.
 //!
-//! Object names are never decoded: only bucket segments are, and the rewrite
-//! replaces exactly their byte ranges in the raw path.
+//! Deny by default: a request is routed only when it matches a known
+//! operation exactly — the JSON API from Google's discovery document
+//! ([`crate::discovery`]), uploads, downloads, batches and the XML API from
+//! the tables below — after strict segment parsing. Anything else is a
+//! [`RouteError`], answered with a 400 that names what was refused.
+//!
+//! Object names are never decoded: only bucket segments are checked, and the
+//! rewrite replaces exactly their byte ranges in the raw path.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -10,6 +16,7 @@ use std::ops::Range;
 use http::Method;
 use percent_encoding::percent_decode_str;
 
+use crate::discovery::{self, Class, Segment};
 use crate::errors::ErrorStyle;
 use crate::names::is_valid_bucket_name;
 
@@ -58,6 +65,8 @@ pub enum Resource {
 /// How a request body is handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestBody {
+    /// The operation takes no body: a non-empty one is refused.
+    None,
     /// Forwarded as a stream, untouched (object data, or bodies without bucket names).
     Stream,
     /// A JSON metadata document, read whole and rewritten.
@@ -83,7 +92,7 @@ pub enum ResponseBody {
     Batch,
 }
 
-/// A bucket name in the raw path: its byte range and its decoded value.
+/// A bucket name in the raw path: its byte range and its value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BucketSlot {
     pub range: Range<usize>,
@@ -101,6 +110,8 @@ pub struct Route {
     /// The bucket named by the `Host` header (XML API, virtual-hosted style).
     pub virtual_host: Option<String>,
     pub request_body: RequestBody,
+    /// The `kind` a JSON request body must have, when it has one.
+    pub request_kind: Option<&'static str>,
     pub response_body: ResponseBody,
 }
 
@@ -114,18 +125,63 @@ impl Route {
     }
 }
 
-/// A request the router cannot make sense of; answered with 400.
+/// A request the router refuses; answered with 400.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
     #[error("the request path {0:?} is not an absolute path")]
     NotAbsolute(String),
-    #[error("the request path has a malformed percent-encoding at byte {0}")]
+    #[error("the request target has a malformed percent-encoding at byte {0}")]
     BadPercentEncoding(usize),
-    #[error("{0:?} is not a valid bucket name")]
+    #[error("{0:?} is not a valid bucket name (bucket segments are never percent-encoded)")]
     InvalidBucket(String),
     #[error("the request names an empty bucket")]
     EmptyBucket,
+    #[error("the request path has an empty segment (`//`)")]
+    EmptySegment,
+    #[error("the request path has a {0:?} segment; relative segments are refused")]
+    DotSegment(String),
+    #[error("no GCS operation matches {method} {path}")]
+    UnknownOperation { method: String, path: String },
+    #[error("{operation} is refused: {reason}")]
+    RefusedOperation {
+        operation: &'static str,
+        reason: &'static str,
+    },
+    #[error("the query parameter {0:?} appears more than once")]
+    RepeatedParameter(&'static str),
+    #[error(
+        "the query key {raw:?} stands for {key:?} but is spelt differently (percent-encoded or \
+         in another case); spell it {key:?}"
+    )]
+    DisguisedParameter { raw: String, key: &'static str },
+    #[error("the query parameter {key}={value:?} is not supported here")]
+    BadParameter { key: &'static str, value: String },
+    #[error("the JSON API operation table is unavailable: {0}")]
+    TableUnavailable(&'static str),
 }
+
+impl RouteError {
+    /// A low-cardinality label for the refusal metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RouteError::NotAbsolute(_) => "not_absolute",
+            RouteError::BadPercentEncoding(_) => "bad_percent_encoding",
+            RouteError::InvalidBucket(_) | RouteError::EmptyBucket => "invalid_bucket",
+            RouteError::EmptySegment => "empty_segment",
+            RouteError::DotSegment(_) => "dot_segment",
+            RouteError::UnknownOperation { .. } => "unknown_operation",
+            RouteError::RefusedOperation { .. } => "refused_operation",
+            RouteError::RepeatedParameter(_) => "repeated_parameter",
+            RouteError::DisguisedParameter { .. } => "disguised_parameter",
+            RouteError::BadParameter { .. } => "bad_parameter",
+            RouteError::TableUnavailable(_) => "table_unavailable",
+        }
+    }
+}
+
+/// First path segments that belong to the JSON API family; a path starting
+/// with one of them never falls back to the XML API.
+const JSON_FAMILY: [&str; 5] = ["storage", "upload", "resumable", "download", "batch"];
 
 /// Routes a request. `path` and `query` are raw (as received); `virtual_host`
 /// is the bucket named by the `Host` header, when [`virtual_host_bucket`] found one.
@@ -142,50 +198,52 @@ pub fn route(
     if let Some(query) = query {
         check_percent_encoding(query)?;
     }
-    let query = Query(query.unwrap_or(""));
+    let query = query.unwrap_or("");
+    let segs = segments(path);
     if let Some(bucket) = virtual_host {
         if !is_valid_bucket_name(bucket) {
             return Err(RouteError::InvalidBucket(bucket.to_owned()));
         }
-        let object_level = path.len() > 1;
-        let mut route = xml_route(method, object_level, &query);
+        let mut route = xml_route(method, &segs, query)?;
         route.virtual_host = Some(bucket.to_owned());
         return Ok(route);
     }
-    let segs = segments(path);
-    let names: Vec<&str> = segs.iter().map(|s| s.1).collect();
-    match names.as_slice() {
-        ["storage", "v1", ..] => json_route(method, &segs[2..], &query),
-        ["upload", "storage", "v1", ..] => upload_route(method, &segs[3..], &query),
-        ["resumable", "upload", "storage", "v1", ..] => upload_route(method, &segs[4..], &query),
-        // Session URLs of other shapes (emulators): no bucket in them.
-        ["upload" | "resumable", ..] => upload_route(method, &[], &query),
-        ["download", "storage", "v1", ..] => download_route(&segs[3..]),
-        ["download", ..] => download_route(&[]),
-        ["batch", "storage", "v1"] => Ok(Route {
-            api: Api::Batch,
-            operation: "batch",
-            buckets: Vec::new(),
-            virtual_host: None,
-            request_body: RequestBody::Batch,
-            response_body: ResponseBody::Batch,
-        }),
-        [""] => Ok(Route {
-            api: Api::Xml,
-            operation: "xml.service",
-            buckets: Vec::new(),
-            virtual_host: None,
-            request_body: RequestBody::Stream,
-            response_body: ResponseBody::Xml,
-        }),
-        [_, rest @ ..] => {
-            let object_level = !(rest.is_empty() || rest == [""]);
-            let mut route = xml_route(method, object_level, &query);
-            route.buckets.push(bucket_slot(segs[0])?);
-            Ok(route)
-        }
-        [] => Err(RouteError::NotAbsolute(String::new())),
+    let first = segs.first().map_or("", |s| s.1);
+    if !JSON_FAMILY.contains(&first) {
+        return match segs.as_slice() {
+            [(_, "")] => xml_service(method),
+            [bucket, rest @ ..] => {
+                let mut route = xml_route(method, rest, query)?;
+                route.buckets.push(bucket_slot(*bucket)?);
+                Ok(route)
+            }
+            [] => Err(RouteError::NotAbsolute(String::new())),
+        };
     }
+    check_strict_segments(&segs)?;
+    let names: Vec<&str> = segs.iter().map(|s| s.1).collect();
+    let unknown = || RouteError::UnknownOperation {
+        method: method.to_string(),
+        path: path.chars().take(128).collect(),
+    };
+    match names.as_slice() {
+        ["storage", "v1", rest @ ..] => json_route(method, &segs[2..], rest, query, unknown),
+        ["upload", "storage", "v1", rest @ ..] => upload_route(method, &segs[3..], rest, query),
+        ["resumable", "upload", "storage", "v1", rest @ ..] => {
+            upload_route(method, &segs[4..], rest, query)
+        }
+        // fake-gcs-server's resumable session URLs: no bucket in them.
+        ["upload", "resumable", _] => upload_session(method, unknown),
+        ["download", "storage", "v1", "b", _, "o", _] if is_read(method) => download_route(&segs),
+        ["batch", "storage", "v1"] if *method == Method::POST => Ok(Some(route_of(
+            Api::Batch,
+            "batch",
+            RequestBody::Batch,
+            ResponseBody::Batch,
+        ))),
+        _ => Err(unknown()),
+    }
+    .and_then(|route| route.ok_or_else(unknown))
 }
 
 /// The bucket named by a virtual-hosted-style `Host` (`photos.storage.googleapis.com`,
@@ -229,26 +287,6 @@ pub fn replace_slots(path: &str, slots: &[BucketSlot], names: &[&str]) -> String
     out
 }
 
-/// The value of the first query parameter `key`, percent-decoded.
-pub fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<Cow<'a, str>> {
-    Query(query.unwrap_or("")).get(key)
-}
-
-struct Query<'a>(&'a str);
-
-impl<'a> Query<'a> {
-    fn get(&self, key: &str) -> Option<Cow<'a, str>> {
-        self.0.split('&').find_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (k == key).then(|| percent_decode_str(v).decode_utf8_lossy())
-        })
-    }
-
-    fn has(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-}
-
 fn check_percent_encoding(raw: &str) -> Result<(), RouteError> {
     let bytes = raw.as_bytes();
     let mut i = 0;
@@ -280,23 +318,42 @@ fn segments(path: &str) -> Vec<(usize, &str)> {
     out
 }
 
+/// `.` or `..`, also percent-encoded (`%2E`, `.%2e`).
+fn is_dot_segment(raw: &str) -> bool {
+    if raw.contains('%') {
+        let decoded = percent_decode_str(raw).collect::<Vec<u8>>();
+        matches!(decoded.as_slice(), b"." | b"..")
+    } else {
+        matches!(raw, "." | "..")
+    }
+}
+
+fn check_segment(raw: &str) -> Result<(), RouteError> {
+    if raw.is_empty() {
+        Err(RouteError::EmptySegment)
+    } else if is_dot_segment(raw) {
+        Err(RouteError::DotSegment(raw.to_owned()))
+    } else {
+        Ok(())
+    }
+}
+
+/// No empty, `.` or `..` segment anywhere.
+fn check_strict_segments(segs: &[(usize, &str)]) -> Result<(), RouteError> {
+    segs.iter().try_for_each(|(_, raw)| check_segment(raw))
+}
+
+/// A bucket segment: a valid bucket name as it stands (never percent-encoded).
 fn bucket_slot((offset, raw): (usize, &str)) -> Result<BucketSlot, RouteError> {
     if raw.is_empty() {
         return Err(RouteError::EmptyBucket);
     }
-    let name = if raw.contains('%') {
-        percent_decode_str(raw)
-            .decode_utf8()
-            .map_err(|_| RouteError::InvalidBucket(raw.chars().take(64).collect()))?
-    } else {
-        Cow::Borrowed(raw)
-    };
-    if !is_valid_bucket_name(&name) {
-        return Err(RouteError::InvalidBucket(name.chars().take(64).collect()));
+    if !is_valid_bucket_name(raw) {
+        return Err(RouteError::InvalidBucket(raw.chars().take(64).collect()));
     }
     Ok(BucketSlot {
         range: offset..offset + raw.len(),
-        name: name.into_owned(),
+        name: raw.to_owned(),
     })
 }
 
@@ -312,232 +369,263 @@ fn route_of(
         buckets: Vec::new(),
         virtual_host: None,
         request_body,
+        request_kind: None,
         response_body,
     }
 }
 
-/// `/storage/v1/` + `segs`.
+fn is_read(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD)
+}
+
+/// Values of the routing parameters `keys` in a raw query, each present at
+/// most once and spelt exactly: a key that decodes (or case-folds) to a
+/// routing key without being spelt as it is refused, since GCS or a proxy on
+/// the way might read it as that key while the sidecar would not.
+fn routing_params<'q, const N: usize>(
+    query: &'q str,
+    keys: &[&'static str; N],
+) -> Result<[Option<Cow<'q, str>>; N], RouteError> {
+    let mut found: [Option<Cow<'q, str>>; N] = std::array::from_fn(|_| None);
+    if query.is_empty() {
+        return Ok(found);
+    }
+    for pair in query.split('&') {
+        let (raw, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let decoded: Cow<'_, [u8]> = if raw.contains(['%', '+']) {
+            Cow::Owned(percent_decode_str(&raw.replace('+', " ")).collect())
+        } else {
+            Cow::Borrowed(raw.as_bytes())
+        };
+        let Some(i) = keys
+            .iter()
+            .position(|k| k.as_bytes().eq_ignore_ascii_case(&decoded))
+        else {
+            continue;
+        };
+        if raw != keys[i] {
+            return Err(RouteError::DisguisedParameter {
+                raw: raw.chars().take(64).collect(),
+                key: keys[i],
+            });
+        }
+        if found[i].is_some() {
+            return Err(RouteError::RepeatedParameter(keys[i]));
+        }
+        found[i] = Some(percent_decode_str(value).decode_utf8_lossy());
+    }
+    Ok(found)
+}
+
+/// `/storage/v1/` + `segs`: an operation of the discovery document.
 fn json_route(
     method: &Method,
     segs: &[(usize, &str)],
-    query: &Query<'_>,
-) -> Result<Route, RouteError> {
-    use RequestBody as Req;
-    use Resource as R;
-    use ResponseBody as Resp;
-    let names: Vec<&str> = segs.iter().map(|s| s.1).collect();
-    let json = |op, req, resp| Ok(route_of(Api::Json, op, req, Resp::Json(resp)));
-    let writes = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
-    let body = |res| if writes { Req::Json(res) } else { Req::Stream };
-
-    let Some((&"b", after_b)) = names.split_first() else {
-        // No bucket in the path (projects/…/hmacKeys, serviceAccount, …).
-        return json("json.other", Req::Stream, R::Generic);
+    names: &[&str],
+    query: &str,
+    unknown: impl Fn() -> RouteError,
+) -> Result<Option<Route>, RouteError> {
+    let table = discovery::table().map_err(RouteError::TableUnavailable)?;
+    let Some(op) = table.find(method, names) else {
+        return Err(unknown());
     };
-    let Some(_) = after_b.first() else {
-        return match *method {
-            Method::GET => json("buckets.list", Req::Stream, R::Buckets),
-            Method::POST => json("buckets.insert", Req::Json(R::Bucket), R::Bucket),
-            _ => json("buckets.other", Req::Stream, R::Generic),
-        };
+    if let Class::Refused(reason) = op.class {
+        return Err(RouteError::RefusedOperation {
+            operation: &op.name,
+            reason,
+        });
+    }
+    let [alt] = routing_params(query, &["alt"])?;
+    let media = match alt.as_deref() {
+        None | Some("json") => false,
+        Some("media") if op.media_download => true,
+        Some(other) => {
+            return Err(RouteError::BadParameter {
+                key: "alt",
+                value: other.chars().take(32).collect(),
+            });
+        }
     };
-    let mut route = json_bucket_route(method, &after_b[1..], query, body)?;
-    route.buckets.insert(0, bucket_slot(segs[1])?);
-    if let Some(dst) = destination_bucket_index(&names) {
-        route.buckets.push(bucket_slot(segs[dst])?);
-    }
-    Ok(route)
-}
-
-/// Index (in the segments after `v1`) of the destination bucket of
-/// `copyTo`/`rewriteTo`: `b/B/o/OBJ/copyTo/b/DST/o/OBJ2`. Object names are
-/// normally one encoded segment; if a client left `/` unencoded, the first
-/// `copyTo|rewriteTo` `b` pair after the source object is taken.
-fn destination_bucket_index(names: &[&str]) -> Option<usize> {
-    if names.get(2) != Some(&"o") {
-        return None;
-    }
-    (4..names.len())
-        .find(|&i| {
-            matches!(names[i], "copyTo" | "rewriteTo")
-                && names.get(i + 1) == Some(&"b")
-                && i + 2 < names.len()
-        })
-        .map(|i| i + 2)
-}
-
-/// Everything after `/storage/v1/b/{bucket}`.
-fn json_bucket_route(
-    method: &Method,
-    rest: &[&str],
-    query: &Query<'_>,
-    body: impl Fn(Resource) -> RequestBody,
-) -> Result<Route, RouteError> {
-    use RequestBody as Req;
-    use Resource as R;
-    use ResponseBody as Resp;
-    let get = *method == Method::GET;
-    let json = |op, req, resp| Ok(route_of(Api::Json, op, req, Resp::Json(resp)));
-    match rest {
-        [] => json(bucket_op(method), body(R::Bucket), R::Bucket),
-        ["acl" | "defaultObjectAcl"] if get => json("bucketAccessControls", Req::Stream, R::Acls),
-        ["acl" | "defaultObjectAcl", ..] => json("bucketAccessControls", body(R::Acl), R::Acl),
-        ["iam", "testPermissions"] => json("buckets.testIamPermissions", Req::Stream, R::Generic),
-        ["iam"] => json("buckets.iam", body(R::Policy), R::Policy),
-        ["lockRetentionPolicy"] => json("buckets.lockRetentionPolicy", Req::Stream, R::Bucket),
-        ["restore"] => json("buckets.restore", Req::Stream, R::Bucket),
-        ["relocate"] => json("buckets.relocate", body(R::Generic), R::Operation),
-        ["operations", ..] => json("buckets.operations", Req::Stream, R::Generic),
-        ["notificationConfigs", ..] => {
-            json("notifications", body(R::Notification), R::Notification)
-        }
-        ["o"] if get => json("objects.list", Req::Stream, R::Objects),
-        ["o"] => json("objects.insert", body(R::Object), R::Object),
-        ["o", "bulkRestore"] if *method == Method::POST => {
-            json("objects.bulkRestore", Req::Stream, R::Operation)
-        }
-        ["o", _, tail @ ..] => Ok(json_object_route(method, tail, query, body)),
-        _ => json("buckets.subresource", body(R::Generic), R::Generic),
-    }
-}
-
-fn bucket_op(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "buckets.get",
-        Method::PATCH => "buckets.patch",
-        Method::PUT => "buckets.update",
-        Method::DELETE => "buckets.delete",
-        _ => "buckets.other",
-    }
-}
-
-/// Everything after `/storage/v1/b/{bucket}/o/{object}`.
-fn json_object_route(
-    method: &Method,
-    tail: &[&str],
-    query: &Query<'_>,
-    body: impl Fn(Resource) -> RequestBody,
-) -> Route {
-    use RequestBody as Req;
-    use Resource as R;
-    use ResponseBody as Resp;
-    let get = *method == Method::GET;
-    let json = |op, req, resp| route_of(Api::Json, op, req, Resp::Json(resp));
-    match tail {
-        [] if get && query.get("alt").as_deref() == Some("media") => {
-            route_of(Api::Json, "objects.download", Req::Stream, Resp::Media)
-        }
-        [] => {
-            let op = match *method {
-                Method::GET => "objects.get",
-                Method::PATCH => "objects.patch",
-                Method::PUT => "objects.update",
-                Method::DELETE => "objects.delete",
-                _ => "objects.other",
-            };
-            json(op, body(R::Object), R::Object)
-        }
-        ["acl"] if get => json("objectAccessControls", Req::Stream, R::Acls),
-        ["acl", ..] => json("objectAccessControls", body(R::Acl), R::Acl),
-        ["iam", "testPermissions"] => json("objects.testIamPermissions", Req::Stream, R::Generic),
-        ["iam"] => json("objects.iam", body(R::Policy), R::Policy),
-        ["restore"] => json("objects.restore", Req::Stream, R::Object),
-        ["compose"] => json("objects.compose", Req::Json(R::ComposeRequest), R::Object),
-        ["moveTo", ..] => json("objects.move", Req::Stream, R::Object),
-        _ => {
-            // copyTo / rewriteTo (possibly after unencoded object-name segments).
-            if let Some(i) = tail
-                .iter()
-                .position(|s| matches!(*s, "copyTo" | "rewriteTo"))
-            {
-                if tail[i] == "rewriteTo" {
-                    return json("objects.rewrite", Req::Json(R::Object), R::RewriteResponse);
-                }
-                return json("objects.copy", Req::Json(R::Object), R::Object);
-            }
-            // An object name with unencoded `/`.
-            json("objects.other", body(R::Object), R::Object)
+    let mut route = if media {
+        route_of(
+            Api::Json,
+            "objects.download",
+            RequestBody::None,
+            ResponseBody::Media,
+        )
+    } else {
+        let request = op
+            .request_resource()
+            .map_or(RequestBody::None, RequestBody::Json);
+        let response = ResponseBody::Json(op.response_resource());
+        let mut route = route_of(Api::Json, &op.name, request, response);
+        route.request_kind = op.request_kind.as_deref();
+        route
+    };
+    for (template, seg) in op.segments.iter().zip(segs) {
+        if *template == Segment::Bucket {
+            route.buckets.push(bucket_slot(*seg)?);
         }
     }
+    Ok(Some(route))
 }
 
-/// `/upload/storage/v1/` + `segs` (also under `/resumable`).
+/// `/upload/storage/v1/` + `segs` (also under `/resumable`): the upload
+/// protocols of `objects.insert` and the resumable session.
 fn upload_route(
     method: &Method,
     segs: &[(usize, &str)],
-    query: &Query<'_>,
-) -> Result<Route, RouteError> {
+    names: &[&str],
+    query: &str,
+) -> Result<Option<Route>, RouteError> {
     use RequestBody as Req;
-    use Resource as R;
-    use ResponseBody as Resp;
-    let names: Vec<&str> = segs.iter().map(|s| s.1).collect();
-    let upload = |op, req| route_of(Api::Upload, op, req, Resp::Json(R::Object));
-    let mut route = if query.has("upload_id") {
-        match *method {
-            Method::DELETE => upload("uploads.resumable.cancel", Req::Stream),
-            Method::PUT | Method::POST => upload("uploads.resumable.chunk", Req::Stream),
-            _ => upload("uploads.resumable.status", Req::Stream),
-        }
-    } else {
-        match query.get("uploadType").as_deref() {
-            Some("multipart") => upload("uploads.multipart", Req::Multipart(R::Object)),
-            Some("resumable") => upload("uploads.resumable.start", Req::Json(R::Object)),
-            _ => upload("uploads.media", Req::Stream),
-        }
+    let ["b", _, "o"] = names else {
+        return Ok(None);
     };
-    match names.as_slice() {
-        ["b", _, ..] => route.buckets.push(bucket_slot(segs[1])?),
-        _ => route.operation = "uploads.other",
-    }
-    Ok(route)
+    let [upload_type, upload_id] = routing_params(query, &["uploadType", "upload_id"])?;
+    let upload = |op, req| route_of(Api::Upload, op, req, ResponseBody::Json(Resource::Object));
+    let mut route = match (upload_id, method) {
+        (None, &Method::POST) if upload_type.as_deref() != Some("media") => {
+            let mut route = upload_start(upload_type.as_deref())?;
+            route.request_kind = Some(OBJECT_KIND);
+            route
+        }
+        (Some(_), &Method::DELETE) => upload("uploads.resumable.cancel", Req::Stream),
+        (Some(_), &Method::PUT | &Method::POST) => upload("uploads.resumable.chunk", Req::Stream),
+        (Some(_), _) => return Ok(None),
+        (None, &Method::POST) => upload("uploads.media", Req::Stream),
+        (None, _) => return Ok(None),
+    };
+    route.buckets.push(bucket_slot(segs[1])?);
+    Ok(Some(route))
 }
 
-/// `/download/storage/v1/` + `segs`.
-fn download_route(segs: &[(usize, &str)]) -> Result<Route, RouteError> {
+/// The `kind` of object metadata (multipart uploads, resumable starts).
+const OBJECT_KIND: &str = "storage#object";
+
+/// `POST` of a multipart upload or of a resumable session's start.
+fn upload_start(upload_type: Option<&str>) -> Result<Route, RouteError> {
+    use RequestBody as Req;
+    let upload = |op, req| route_of(Api::Upload, op, req, ResponseBody::Json(Resource::Object));
+    match upload_type {
+        Some("multipart") => Ok(upload(
+            "uploads.multipart",
+            Req::Multipart(Resource::Object),
+        )),
+        Some("resumable") => Ok(upload(
+            "uploads.resumable.start",
+            Req::Json(Resource::Object),
+        )),
+        other => Err(RouteError::BadParameter {
+            key: "uploadType",
+            value: other.unwrap_or("(missing)").chars().take(32).collect(),
+        }),
+    }
+}
+
+/// A session URL of the emulator (`/upload/resumable/{id}`).
+fn upload_session(
+    method: &Method,
+    unknown: impl Fn() -> RouteError,
+) -> Result<Option<Route>, RouteError> {
+    let op = match *method {
+        Method::PUT | Method::POST => "uploads.resumable.chunk",
+        Method::DELETE => "uploads.resumable.cancel",
+        _ => return Err(unknown()),
+    };
+    Ok(Some(route_of(
+        Api::Upload,
+        op,
+        RequestBody::Stream,
+        ResponseBody::Json(Resource::Object),
+    )))
+}
+
+/// `/download/storage/v1/b/{bucket}/o/{object}`.
+fn download_route(segs: &[(usize, &str)]) -> Result<Option<Route>, RouteError> {
     let mut route = route_of(
         Api::Download,
         "objects.download",
         RequestBody::Stream,
         ResponseBody::Media,
     );
-    if segs.first().map(|s| s.1) == Some("b") && segs.len() >= 2 {
-        route.buckets.push(bucket_slot(segs[1])?);
-    } else {
-        route.operation = "downloads.other";
-    }
-    Ok(route)
+    route.buckets.push(bucket_slot(segs[4])?);
+    Ok(Some(route))
 }
 
-/// The XML API, once the bucket is known (from the path or the host).
-fn xml_route(method: &Method, object_level: bool, query: &Query<'_>) -> Route {
+/// XML API subresources: query keys that change what a request means.
+const XML_SUBRESOURCES: [&str; 21] = [
+    "acl",
+    "billing",
+    "compose",
+    "cors",
+    "defaultObjectAcl",
+    "delete",
+    "encryption",
+    "encryptionConfig",
+    "legalHold",
+    "lifecycle",
+    "location",
+    "logging",
+    "partNumber",
+    "retention",
+    "storageClass",
+    "tagging",
+    "uploadId",
+    "uploads",
+    "versioning",
+    "website",
+    "restore",
+];
+
+const DELETE: usize = 5;
+const LOGGING: usize = 11;
+
+/// `GET /`: the XML API's bucket list.
+fn xml_service(method: &Method) -> Result<Route, RouteError> {
+    if !is_read(method) {
+        return Err(RouteError::UnknownOperation {
+            method: method.to_string(),
+            path: "/".to_owned(),
+        });
+    }
+    Ok(route_of(
+        Api::Xml,
+        "xml.service",
+        RequestBody::Stream,
+        ResponseBody::Xml,
+    ))
+}
+
+/// The XML API, once the bucket is known (from the path or the host); `rest`
+/// are the segments after it. An object name may end with `/` (a trailing
+/// empty segment) but holds no other empty, `.` or `..` segment.
+fn xml_route(method: &Method, rest: &[(usize, &str)], query: &str) -> Result<Route, RouteError> {
     use RequestBody as Req;
     use ResponseBody as Resp;
-    let xml = |op, req, resp| route_of(Api::Xml, op, req, resp);
-    if !object_level {
-        let op = match *method {
-            Method::GET | Method::HEAD => "xml.bucket.get",
-            Method::PUT => "xml.bucket.put",
-            Method::DELETE => "xml.bucket.delete",
-            _ => "xml.bucket.other",
+    let object = match rest {
+        [] | [(_, "")] => &[][..],
+        [init @ .., (_, "")] => init,
+        all => all,
+    };
+    check_strict_segments(object)?;
+    let params = routing_params(query, &XML_SUBRESOURCES)?;
+    let subresource = params.iter().any(Option::is_some);
+    let xml = |op, req, resp| Ok(route_of(Api::Xml, op, req, resp));
+    if matches!(rest, [] | [(_, "")]) {
+        return match *method {
+            Method::GET | Method::HEAD => xml("xml.bucket.get", Req::Stream, Resp::Xml),
+            Method::PUT if params[LOGGING].is_some() => xml("xml.bucket.put", Req::Xml, Resp::Xml),
+            Method::PUT => xml("xml.bucket.put", Req::Stream, Resp::Xml),
+            // Multi-object delete; a bare POST is an HTML form upload, whose
+            // policy document is signed for the bucket it names.
+            Method::POST if params[DELETE].is_some() => {
+                xml("xml.bucket.delete_objects", Req::Stream, Resp::Xml)
+            }
+            Method::DELETE => xml("xml.bucket.delete", Req::Stream, Resp::Xml),
+            _ => Err(xml_unknown(method)),
         };
-        let req = if *method == Method::PUT && query.has("logging") {
-            Req::Xml
-        } else {
-            Req::Stream
-        };
-        return xml(op, req, Resp::Xml);
     }
-    let subresource = [
-        "uploadId",
-        "uploads",
-        "acl",
-        "tagging",
-        "retention",
-        "legalHold",
-        "encryption",
-    ]
-    .iter()
-    .any(|k| query.has(k));
     match *method {
         Method::GET | Method::HEAD if subresource => {
             xml("xml.object.subresource", Req::Stream, Resp::Xml)
@@ -546,7 +634,14 @@ fn xml_route(method: &Method, object_level: bool, query: &Query<'_>) -> Route {
         Method::PUT => xml("xml.object.put", Req::Stream, Resp::Xml),
         Method::POST => xml("xml.object.post", Req::Stream, Resp::Xml),
         Method::DELETE => xml("xml.object.delete", Req::Stream, Resp::Xml),
-        _ => xml("xml.object.other", Req::Stream, Resp::Xml),
+        _ => Err(xml_unknown(method)),
+    }
+}
+
+fn xml_unknown(method: &Method) -> RouteError {
+    RouteError::UnknownOperation {
+        method: method.to_string(),
+        path: "(an XML API bucket or object)".to_owned(),
     }
 }
 
@@ -613,7 +708,7 @@ mod tests {
                 Json,
                 "buckets.list",
                 &[],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Buckets),
             ),
             case(
@@ -631,7 +726,7 @@ mod tests {
                 Json,
                 "buckets.get",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Bucket),
             ),
             case(
@@ -649,23 +744,23 @@ mod tests {
                 Json,
                 "buckets.delete",
                 &["photos"],
-                Req::Stream,
-                Resp::Json(R::Bucket),
+                Req::None,
+                Resp::Json(R::Generic),
             ),
             case(
                 get.clone(),
                 "/storage/v1/b/photos/iam",
                 Json,
-                "buckets.iam",
+                "buckets.getIamPolicy",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Policy),
             ),
             case(
                 put.clone(),
                 "/storage/v1/b/photos/iam",
                 Json,
-                "buckets.iam",
+                "buckets.setIamPolicy",
                 &["photos"],
                 Req::Json(R::Policy),
                 Resp::Json(R::Policy),
@@ -674,16 +769,16 @@ mod tests {
                 get.clone(),
                 "/storage/v1/b/photos/acl",
                 Json,
-                "bucketAccessControls",
+                "bucketAccessControls.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Acls),
             ),
             case(
                 post.clone(),
                 "/storage/v1/b/photos/defaultObjectAcl",
                 Json,
-                "bucketAccessControls",
+                "defaultObjectAccessControls.insert",
                 &["photos"],
                 Req::Json(R::Acl),
                 Resp::Json(R::Acl),
@@ -694,7 +789,7 @@ mod tests {
                 Json,
                 "objects.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Objects),
             ),
             case(
@@ -703,7 +798,7 @@ mod tests {
                 Json,
                 "objects.get",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Object),
             ),
             case(
@@ -712,7 +807,7 @@ mod tests {
                 Json,
                 "objects.download",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Media,
             ),
             case(
@@ -753,45 +848,36 @@ mod tests {
             ),
             case(
                 post.clone(),
-                "/storage/v1/b/photos/o/dir/x/copyTo/b/logs/o/y",
-                Json,
-                "objects.copy",
-                &["photos", "logs"],
-                Req::Json(R::Object),
-                Resp::Json(R::Object),
-            ),
-            case(
-                post.clone(),
                 "/storage/v1/b/photos/o/x/moveTo/o/y",
                 Json,
                 "objects.move",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Object),
             ),
             case(
                 get.clone(),
                 "/storage/v1/b/photos/o/x/acl",
                 Json,
-                "objectAccessControls",
+                "objectAccessControls.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Acls),
             ),
             case(
                 get.clone(),
                 "/storage/v1/b/photos/notificationConfigs",
                 Json,
-                "notifications",
+                "notifications.list",
                 &["photos"],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Notification),
             ),
             case(
                 post.clone(),
                 "/storage/v1/b/photos/folders",
                 Json,
-                "buckets.subresource",
+                "folders.insert",
                 &["photos"],
                 Req::Json(R::Generic),
                 Resp::Json(R::Generic),
@@ -800,9 +886,9 @@ mod tests {
                 get.clone(),
                 "/storage/v1/projects/p/serviceAccount",
                 Json,
-                "json.other",
+                "projects.serviceAccount.get",
                 &[],
-                Req::Stream,
+                Req::None,
                 Resp::Json(R::Generic),
             ),
             case(
@@ -863,7 +949,7 @@ mod tests {
                 put.clone(),
                 "/upload/resumable/abc",
                 Upload,
-                "uploads.other",
+                "uploads.resumable.chunk",
                 &[],
                 Req::Stream,
                 Resp::Json(R::Object),
@@ -1016,14 +1102,14 @@ mod tests {
                 "/storage/v1/b/photos/o/a%zz",
                 RouteError::BadPercentEncoding(24),
             ),
-            ("/storage/v1/b//o", RouteError::EmptyBucket),
+            ("/storage/v1/b//o", RouteError::EmptySegment),
             (
                 "/storage/v1/b/Photos/o",
                 RouteError::InvalidBucket("Photos".into()),
             ),
             (
                 "/storage/v1/b/ph%C3%B6tos",
-                RouteError::InvalidBucket("phötos".into()),
+                RouteError::InvalidBucket("ph%C3%B6tos".into()),
             ),
             (
                 "/storage/v1/b/ph%FFtos",
@@ -1046,17 +1132,6 @@ mod tests {
     }
 
     #[test]
-    fn encoded_bucket_segments_are_decoded_and_replaced_whole() {
-        let path = "/storage/v1/b/%70hotos/o/photos%2Fphotos";
-        let r = route(&Method::GET, path, None, None).expect("routes");
-        assert_eq!(r.buckets[0].name, "photos");
-        assert_eq!(
-            replace_slots(path, &r.buckets, &["photos-k3x9q2mw"]),
-            "/storage/v1/b/photos-k3x9q2mw/o/photos%2Fphotos"
-        );
-    }
-
-    #[test]
     fn virtual_host_detection() {
         let known = |n: &str| n == "photos";
         assert_eq!(
@@ -1073,14 +1148,8 @@ mod tests {
         assert_eq!(virtual_host_bucket("[::1]:9023", |_| true), None);
         assert_eq!(virtual_host_bucket("other.localhost", known), None);
     }
-
-    #[test]
-    fn query_params_are_decoded() {
-        assert_eq!(
-            query_param(Some("a=1&name=x%2Fy&b"), "name").as_deref(),
-            Some("x/y")
-        );
-        assert_eq!(query_param(Some("a=1&b"), "b").as_deref(), Some(""));
-        assert_eq!(query_param(None, "b"), None);
-    }
 }
+
+#[cfg(test)]
+#[path = "route_strict_tests.rs"]
+pub(crate) mod strict_tests;

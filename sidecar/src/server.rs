@@ -178,6 +178,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         max_metadata_bytes: config.max_metadata_bytes,
         upstream_timeout: (!config.upstream_timeout.is_zero()).then_some(config.upstream_timeout),
         listen: config.listen,
+        advertise_url: config.advertise_url.clone(),
     };
     let proxy = Arc::new(Proxy::new(
         store.clone(),

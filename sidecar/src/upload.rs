@@ -70,7 +70,8 @@ where
         });
     };
     let opening = format!("--{boundary}");
-    let closing = format!("\r\n--{boundary}");
+    // Found after a bare LF too; a CR before it belongs to the line break.
+    let closing = format!("\n--{boundary}");
     let cap = limit.saturating_add(HEADER_ALLOWANCE);
     let mut buf = BytesMut::new();
     let mut scan = Scan::default();
@@ -153,31 +154,48 @@ impl Scan {
         };
         if self.headers_end.is_none() {
             let from = self.searched.max(opening_end);
-            let Some(found) = memmem::find(&buf[from..], b"\r\n\r\n") else {
-                self.searched = buf.len().saturating_sub(3).max(opening_end);
+            let Some(end) = blank_line_end(buf, from) else {
+                self.searched = buf.len().saturating_sub(2).max(opening_end);
                 return Ok(None);
             };
-            self.headers_end = Some(from + found + 4);
-            self.searched = from + found + 2; // the closing delimiter may follow an empty part
+            self.headers_end = Some(end);
+            self.searched = end - 1; // the closing delimiter may follow an empty part
         }
         let Some(headers_end) = self.headers_end else {
             return Ok(None);
         };
-        let from = self.searched.max(headers_end.saturating_sub(2));
+        let from = self.searched.max(headers_end.saturating_sub(1));
         match memmem::find(&buf[from..], closing) {
             Some(found) => {
-                let end = (from + found).max(headers_end);
-                Ok(Some((headers_end, end)))
+                let mut end = from + found;
+                if end > headers_end && buf[end - 1] == b'\r' {
+                    end -= 1;
+                }
+                Ok(Some((headers_end, end.max(headers_end))))
             }
             None => {
                 self.searched = buf
                     .len()
                     .saturating_sub(closing.len())
-                    .max(headers_end.saturating_sub(2));
+                    .max(headers_end.saturating_sub(1));
                 Ok(None)
             }
         }
     }
+}
+
+/// The end of the first empty line at or after `from` — the line break
+/// ending the delimiter line or the last header, then CRLF or a bare LF —
+/// or `None` when the buffer does not hold one yet.
+fn blank_line_end(buf: &[u8], from: usize) -> Option<usize> {
+    memchr::memchr_iter(b'\n', &buf[from..])
+        .map(|i| from + i + 1)
+        .find_map(|next| match buf.get(next..next + 2) {
+            Some([b'\n', _]) => Some(next + 1),
+            Some([b'\r', b'\n']) => Some(next + 2),
+            None if buf.get(next) == Some(&b'\n') => Some(next + 1),
+            _ => None,
+        })
 }
 
 pin_project_lite::pin_project! {
@@ -294,6 +312,43 @@ mod tests {
                 String::from_utf8_lossy(&out[..out.len().min(200)])
             );
             assert_eq!(delta, want.len() as i64 - body.len() as i64);
+        }
+    }
+
+    /// Delimiter and header lines ending in bare LF, a metadata part without
+    /// headers, a data part without a Content-Type: all framings GCS accepts.
+    #[tokio::test]
+    async fn bare_lf_and_headerless_parts_are_accepted() {
+        let media = b"\x00\r\n--xy not a delimiter\n\xff";
+        let bodies = [
+            (
+                "--xyz\nContent-Type: application/json\n\n{\"bucket\":\"photos\"}\n--xyz\n\n",
+                "\n--xyz--\n",
+            ),
+            (
+                "--xyz\r\n\r\n{\"bucket\":\"photos\"}\r\n--xyz\r\n\r\n",
+                "\r\n--xyz--",
+            ),
+            ("--xyz\n\n{\"bucket\":\"photos\"}\r\n--xyz\n\n", "\n--xyz--"),
+        ];
+        for (head, tail) in bodies {
+            let mut body = head.as_bytes().to_vec();
+            body.extend_from_slice(media);
+            body.extend_from_slice(tail.as_bytes());
+            for frame in [1, 5, 1000] {
+                let (out, _) = run(body.clone(), frame, 1024)
+                    .await
+                    .unwrap_or_else(|e| panic!("{head:?} frame {frame}: {e}"));
+                let want = String::from_utf8_lossy(&body)
+                    .replace("\"bucket\":\"photos\"", "\"bucket\":\"photos-k3x9q2mw\"");
+                assert_eq!(
+                    String::from_utf8_lossy(&out),
+                    want,
+                    "{head:?} frame {frame}"
+                );
+                assert!(out.ends_with(tail.as_bytes()));
+                assert!(out.windows(media.len()).any(|w| w == media));
+            }
         }
     }
 

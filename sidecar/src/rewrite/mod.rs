@@ -7,6 +7,7 @@
 //! mapping does not know are left alone (or dropped from bucket lists).
 
 pub mod json;
+pub mod strict;
 pub mod text;
 pub mod url;
 pub mod xml;

@@ -58,6 +58,8 @@ proptest! {
 
     #[test]
     fn request_then_response_is_the_identity_for_the_app(name in object_name()) {
+        // GCS refuses these object names; the router refuses them as dot segments.
+        prop_assume!(name != "." && name != "..");
         let m = mapping();
         let enc = utf8_percent_encode(&name, SEGMENT).to_string();
         let app_path = format!("/storage/v1/b/photos/o/{enc}");
@@ -95,6 +97,8 @@ proptest! {
 
     #[test]
     fn physical_names_never_leak_outside_app_data(name in object_name()) {
+        // GCS refuses these object names: links to them are not routed.
+        prop_assume!(name != "." && name != "..");
         let m = mapping();
         let links = sidecar_base();
         let tr = translator(&m, &links, Direction::ToLogical);

@@ -36,7 +36,13 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
         url
     };
 
-    let Ok(routed) = route(&Method::GET, path, query, vhost.as_deref()) else {
+    // A link names a resource, not a request: read it as the request a
+    // client would send to it (a download or a metadata read, or a chunk
+    // of a resumable session).
+    let routed = [Method::GET, Method::PUT]
+        .iter()
+        .find_map(|method| route(method, path, query, vhost.as_deref()).ok());
+    let Some(routed) = routed else {
         return Some(with_base(path));
     };
     let translated: Vec<String> = routed

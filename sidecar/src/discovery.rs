@@ -1,0 +1,557 @@
+//! The JSON API's operations, from Google's discovery document for storage v1
+//! (vendored in `sidecar/discovery/`, see its README for the pinned version).
+//!
+//! The document is embedded and parsed once, at start-up ([`check`]), into a
+//! table of path templates. A `/storage/v1/...` request is forwarded only when
+//! its method and raw path match one template of a method classified here as
+//! routed; every method of the document must be classified
+//! ([`CLASSIFIED`]), so a method added upstream is refused until someone
+//! decides how the sidecar handles it (and the test
+//! `every_discovery_method_is_classified` says so).
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use http::Method;
+use serde::Deserialize;
+
+use crate::route::Resource;
+
+/// The vendored discovery document.
+pub const DOCUMENT: &str = include_str!("../discovery/storage.v1.json");
+
+/// How the sidecar treats one method of the document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Forwarded: bucket path parameters and body fields are translated.
+    Routed,
+    /// Answered with a 400 that gives the reason.
+    Refused(&'static str),
+}
+
+const HMAC: Class = Class::Refused(
+    "HMAC keys are project credentials, not bucket operations, and HMAC-signed requests cannot \
+     pass the sidecar anyway: manage HMAC keys against GCS directly",
+);
+
+/// Every method of the document, by id. Keep sorted by id.
+pub const CLASSIFIED: &[(&str, Class)] = &[
+    ("storage.anywhereCaches.disable", Class::Routed),
+    ("storage.anywhereCaches.get", Class::Routed),
+    ("storage.anywhereCaches.insert", Class::Routed),
+    ("storage.anywhereCaches.list", Class::Routed),
+    ("storage.anywhereCaches.pause", Class::Routed),
+    ("storage.anywhereCaches.resume", Class::Routed),
+    ("storage.anywhereCaches.update", Class::Routed),
+    ("storage.bucketAccessControls.delete", Class::Routed),
+    ("storage.bucketAccessControls.get", Class::Routed),
+    ("storage.bucketAccessControls.insert", Class::Routed),
+    ("storage.bucketAccessControls.list", Class::Routed),
+    ("storage.bucketAccessControls.patch", Class::Routed),
+    ("storage.bucketAccessControls.update", Class::Routed),
+    ("storage.buckets.delete", Class::Routed),
+    ("storage.buckets.get", Class::Routed),
+    ("storage.buckets.getIamPolicy", Class::Routed),
+    ("storage.buckets.getStorageLayout", Class::Routed),
+    ("storage.buckets.insert", Class::Routed),
+    ("storage.buckets.list", Class::Routed),
+    ("storage.buckets.lockRetentionPolicy", Class::Routed),
+    (
+        "storage.buckets.operations.advanceRelocateBucket",
+        Class::Routed,
+    ),
+    ("storage.buckets.operations.cancel", Class::Routed),
+    ("storage.buckets.operations.get", Class::Routed),
+    ("storage.buckets.operations.list", Class::Routed),
+    ("storage.buckets.patch", Class::Routed),
+    ("storage.buckets.relocate", Class::Routed),
+    ("storage.buckets.restore", Class::Routed),
+    ("storage.buckets.setIamPolicy", Class::Routed),
+    ("storage.buckets.testIamPermissions", Class::Routed),
+    ("storage.buckets.update", Class::Routed),
+    ("storage.defaultObjectAccessControls.delete", Class::Routed),
+    ("storage.defaultObjectAccessControls.get", Class::Routed),
+    ("storage.defaultObjectAccessControls.insert", Class::Routed),
+    ("storage.defaultObjectAccessControls.list", Class::Routed),
+    ("storage.defaultObjectAccessControls.patch", Class::Routed),
+    ("storage.defaultObjectAccessControls.update", Class::Routed),
+    ("storage.folders.delete", Class::Routed),
+    ("storage.folders.deleteRecursive", Class::Routed),
+    ("storage.folders.get", Class::Routed),
+    ("storage.folders.insert", Class::Routed),
+    ("storage.folders.list", Class::Routed),
+    ("storage.folders.rename", Class::Routed),
+    ("storage.managedFolders.delete", Class::Routed),
+    ("storage.managedFolders.get", Class::Routed),
+    ("storage.managedFolders.getIamPolicy", Class::Routed),
+    ("storage.managedFolders.insert", Class::Routed),
+    ("storage.managedFolders.list", Class::Routed),
+    ("storage.managedFolders.setIamPolicy", Class::Routed),
+    ("storage.managedFolders.testIamPermissions", Class::Routed),
+    ("storage.managedFolders.update", Class::Routed),
+    ("storage.notifications.delete", Class::Routed),
+    ("storage.notifications.get", Class::Routed),
+    ("storage.notifications.insert", Class::Routed),
+    ("storage.notifications.list", Class::Routed),
+    ("storage.objectAccessControls.delete", Class::Routed),
+    ("storage.objectAccessControls.get", Class::Routed),
+    ("storage.objectAccessControls.insert", Class::Routed),
+    ("storage.objectAccessControls.list", Class::Routed),
+    ("storage.objectAccessControls.patch", Class::Routed),
+    ("storage.objectAccessControls.update", Class::Routed),
+    ("storage.objects.bulkRestore", Class::Routed),
+    ("storage.objects.compose", Class::Routed),
+    ("storage.objects.copy", Class::Routed),
+    ("storage.objects.delete", Class::Routed),
+    ("storage.objects.get", Class::Routed),
+    ("storage.objects.getIamPolicy", Class::Routed),
+    ("storage.objects.insert", Class::Routed),
+    ("storage.objects.list", Class::Routed),
+    ("storage.objects.move", Class::Routed),
+    ("storage.objects.patch", Class::Routed),
+    ("storage.objects.restore", Class::Routed),
+    ("storage.objects.rewrite", Class::Routed),
+    ("storage.objects.setIamPolicy", Class::Routed),
+    ("storage.objects.testIamPermissions", Class::Routed),
+    ("storage.objects.update", Class::Routed),
+    ("storage.objects.viewFullContext", Class::Routed),
+    ("storage.projects.hmacKeys.create", HMAC),
+    ("storage.projects.hmacKeys.delete", HMAC),
+    ("storage.projects.hmacKeys.get", HMAC),
+    ("storage.projects.hmacKeys.list", HMAC),
+    ("storage.projects.hmacKeys.update", HMAC),
+    ("storage.projects.serviceAccount.get", Class::Routed),
+    ("storage.rapidCaches.disable", Class::Routed),
+    ("storage.rapidCaches.get", Class::Routed),
+    ("storage.rapidCaches.insert", Class::Routed),
+    ("storage.rapidCaches.list", Class::Routed),
+    ("storage.rapidCaches.update", Class::Routed),
+];
+
+/// The classification of method `id`, `None` when it is not classified.
+pub fn class_of(id: &str) -> Option<Class> {
+    CLASSIFIED
+        .binary_search_by(|(known, _)| known.cmp(&id))
+        .ok()
+        .map(|i| CLASSIFIED[i].1)
+}
+
+/// Path parameters that name a bucket.
+const BUCKET_PARAMS: [&str; 3] = ["bucket", "sourceBucket", "destinationBucket"];
+
+/// One segment of a path template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Segment {
+    /// Matched byte for byte against the raw segment.
+    Literal(String),
+    /// A bucket name.
+    Bucket,
+    /// Any other parameter (object name, entity, id): one non-empty raw segment.
+    Param,
+}
+
+/// One method of the document.
+#[derive(Clone, Debug)]
+pub struct Operation {
+    /// The method id without `storage.` (`objects.get`), for metrics and logs.
+    pub name: String,
+    pub method: Method,
+    /// The template after `/storage/v1/`.
+    pub segments: Vec<Segment>,
+    /// The request body's schema, when the method takes one.
+    pub request: Option<String>,
+    /// The `kind` of the request schema, when it has one (`storage#object`).
+    pub request_kind: Option<String>,
+    /// The response body's schema, when the method returns one.
+    pub response: Option<String>,
+    /// `alt=media` is allowed (object data).
+    pub media_download: bool,
+    pub class: Class,
+}
+
+impl Operation {
+    /// The resource its request body holds, when it takes one.
+    pub fn request_resource(&self) -> Option<Resource> {
+        self.request.as_deref().map(schema_resource)
+    }
+
+    /// The resource its response body holds.
+    pub fn response_resource(&self) -> Resource {
+        self.response
+            .as_deref()
+            .map_or(Resource::Generic, schema_resource)
+    }
+
+    /// Whether `segs` (raw path segments after `/storage/v1/`) fit the template.
+    pub fn matches(&self, segs: &[&str]) -> bool {
+        segs.len() == self.segments.len()
+            && self.segments.iter().zip(segs).all(|(t, s)| match t {
+                Segment::Literal(lit) => lit == s,
+                Segment::Bucket | Segment::Param => true,
+            })
+    }
+}
+
+/// The JSON resource a discovery schema holds, for the rewriter.
+pub fn schema_resource(schema: &str) -> Resource {
+    match schema {
+        "Bucket" => Resource::Bucket,
+        "Buckets" => Resource::Buckets,
+        "Object" => Resource::Object,
+        "Objects" => Resource::Objects,
+        "BucketAccessControl" | "ObjectAccessControl" => Resource::Acl,
+        "BucketAccessControls" | "ObjectAccessControls" => Resource::Acls,
+        "Policy" => Resource::Policy,
+        "Notification" | "Notifications" => Resource::Notification,
+        "RewriteResponse" => Resource::RewriteResponse,
+        "ComposeRequest" => Resource::ComposeRequest,
+        "GoogleLongrunningOperation" => Resource::Operation,
+        _ => Resource::Generic,
+    }
+}
+
+/// Every method of the document, most literal segments first (so a template
+/// such as `b/{bucket}/o/bulkRestore` wins over `b/{bucket}/o/{object}`).
+#[derive(Debug)]
+pub struct Table {
+    pub operations: Vec<Operation>,
+}
+
+impl Table {
+    /// Parses the discovery document `doc`.
+    pub fn parse(doc: &str) -> Result<Self, String> {
+        let doc: Document = serde_json::from_str(doc)
+            .map_err(|e| format!("cannot parse the storage v1 discovery document: {e}"))?;
+        let mut operations = Vec::with_capacity(128);
+        collect(&doc, &doc.resources, &mut operations)?;
+        operations.sort_by_key(|op| {
+            std::cmp::Reverse(
+                op.segments
+                    .iter()
+                    .filter(|s| matches!(s, Segment::Literal(_)))
+                    .count(),
+            )
+        });
+        Ok(Self { operations })
+    }
+
+    /// The operation (routed or refused on purpose) for `method` and the raw
+    /// segments after `/storage/v1/`; `None` when nothing matches.
+    pub fn find(&self, method: &Method, segs: &[&str]) -> Option<&Operation> {
+        self.operations
+            .iter()
+            .find(|op| op.method == *method && op.matches(segs))
+    }
+}
+
+static TABLE: LazyLock<Result<Table, String>> = LazyLock::new(|| Table::parse(DOCUMENT));
+
+/// The table built from the vendored document.
+pub fn table() -> Result<&'static Table, &'static str> {
+    TABLE.as_ref().map_err(String::as_str)
+}
+
+/// Builds the table now (start-up), so a broken document stops the sidecar
+/// before it serves anything.
+pub fn check() -> anyhow::Result<()> {
+    table().map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+#[derive(Deserialize)]
+struct Document {
+    resources: BTreeMap<String, ResourceDoc>,
+    #[serde(default)]
+    schemas: BTreeMap<String, SchemaDoc>,
+}
+
+#[derive(Deserialize)]
+struct SchemaDoc {
+    #[serde(default)]
+    properties: BTreeMap<String, PropertyDoc>,
+}
+
+#[derive(Deserialize)]
+struct PropertyDoc {
+    #[serde(default)]
+    default: Option<serde_json::Value>,
+}
+
+impl Document {
+    /// The default `kind` of `schema`.
+    fn kind_of(&self, schema: &str) -> Option<String> {
+        let kind = self.schemas.get(schema)?.properties.get("kind")?;
+        kind.default.as_ref()?.as_str().map(str::to_owned)
+    }
+}
+
+#[derive(Deserialize)]
+struct ResourceDoc {
+    #[serde(default)]
+    methods: BTreeMap<String, MethodDoc>,
+    #[serde(default)]
+    resources: BTreeMap<String, ResourceDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MethodDoc {
+    id: String,
+    http_method: String,
+    path: String,
+    request: Option<SchemaRef>,
+    response: Option<SchemaRef>,
+    #[serde(default)]
+    supports_media_download: bool,
+}
+
+#[derive(Deserialize)]
+struct SchemaRef {
+    #[serde(rename = "$ref")]
+    reference: String,
+}
+
+fn collect(
+    document: &Document,
+    resources: &BTreeMap<String, ResourceDoc>,
+    out: &mut Vec<Operation>,
+) -> Result<(), String> {
+    for resource in resources.values() {
+        for method in resource.methods.values() {
+            let mut op = operation(method)?;
+            op.request_kind = op.request.as_deref().and_then(|s| document.kind_of(s));
+            out.push(op);
+        }
+        collect(document, &resource.resources, out)?;
+    }
+    Ok(())
+}
+
+fn operation(doc: &MethodDoc) -> Result<Operation, String> {
+    let method = Method::from_bytes(doc.http_method.as_bytes())
+        .map_err(|_| format!("{}: bad HTTP method {:?}", doc.id, doc.http_method))?;
+    let segments = doc
+        .path
+        .split('/')
+        .map(|seg| template_segment(&doc.id, seg))
+        .collect::<Result<_, _>>()?;
+    Ok(Operation {
+        name: doc
+            .id
+            .strip_prefix("storage.")
+            .unwrap_or(&doc.id)
+            .to_owned(),
+        method,
+        segments,
+        request: doc.request.as_ref().map(|r| r.reference.clone()),
+        request_kind: None,
+        response: doc.response.as_ref().map(|r| r.reference.clone()),
+        media_download: doc.supports_media_download,
+        class: class_of(&doc.id).unwrap_or(Class::Refused(
+            "this operation is new in the discovery document and not yet classified by \
+             bucketmap-sidecar",
+        )),
+    })
+}
+
+fn template_segment(id: &str, seg: &str) -> Result<Segment, String> {
+    match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+        // Reserved expansion (`{+name}`) would span segments: not supported.
+        Some(name) if name.starts_with('+') || name.is_empty() => {
+            Err(format!("{id}: unsupported path parameter {seg:?}"))
+        }
+        Some(name) if BUCKET_PARAMS.contains(&name) => Ok(Segment::Bucket),
+        Some(_) => Ok(Segment::Param),
+        None if seg.is_empty() || seg.contains(['{', '}']) => {
+            Err(format!("{id}: malformed path segment {seg:?}"))
+        }
+        None => Ok(Segment::Literal(seg.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn document_ids() -> Vec<String> {
+        let doc: Document = serde_json::from_str(DOCUMENT).unwrap_or_else(|e| panic!("{e}"));
+        let mut ops = Vec::new();
+        collect(&doc, &doc.resources, &mut ops).unwrap_or_else(|e| panic!("{e}"));
+        ops.into_iter()
+            .map(|op| format!("storage.{}", op.name))
+            .collect()
+    }
+
+    #[test]
+    fn classification_is_sorted_for_lookup() {
+        for pair in CLASSIFIED.windows(2) {
+            assert!(pair[0].0 < pair[1].0, "{} before {}", pair[0].0, pair[1].0);
+        }
+    }
+
+    #[test]
+    fn every_discovery_method_is_classified() {
+        let ids = document_ids();
+        assert!(ids.len() > 80, "the document lists {} methods", ids.len());
+        let unclassified: Vec<&String> = ids.iter().filter(|id| class_of(id).is_none()).collect();
+        assert!(
+            unclassified.is_empty(),
+            "methods of the discovery document not classified in discovery::CLASSIFIED \
+             (route them or refuse them with a reason): {unclassified:?}"
+        );
+        let stale: Vec<&str> = CLASSIFIED
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| !ids.iter().any(|known| known == id))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "classified but gone from the document: {stale:?}"
+        );
+    }
+
+    #[test]
+    fn the_table_parses_and_templates_are_unambiguous() {
+        let table = table().unwrap_or_else(|e| panic!("{e}"));
+        for (i, a) in table.operations.iter().enumerate() {
+            for b in &table.operations[i + 1..] {
+                let same_shape = a.method == b.method
+                    && a.segments.len() == b.segments.len()
+                    && a.segments.iter().zip(&b.segments).all(|(x, y)| x == y);
+                assert!(
+                    !same_shape,
+                    "{} and {} have the same template",
+                    a.name, b.name
+                );
+            }
+        }
+    }
+
+    /// Paths (`logging.logBucket`, `acl[].bucket`) of the string fields that
+    /// name a bucket in `schema`, following `$ref`s, by the schema's own
+    /// descriptions.
+    fn bucket_fields(
+        schemas: &serde_json::Value,
+        schema: &str,
+        prefix: &[String],
+        depth: usize,
+        out: &mut Vec<Vec<String>>,
+    ) {
+        if depth > 4 {
+            return;
+        }
+        let props = &schemas[schema]["properties"];
+        let Some(props) = props.as_object() else {
+            return;
+        };
+        walk_properties(schemas, props, prefix, depth, out);
+    }
+
+    fn walk_properties(
+        schemas: &serde_json::Value,
+        props: &serde_json::Map<String, serde_json::Value>,
+        prefix: &[String],
+        depth: usize,
+        out: &mut Vec<Vec<String>>,
+    ) {
+        for (name, prop) in props {
+            let mut path = prefix.to_vec();
+            path.push(name.clone());
+            let description = prop["description"].as_str().unwrap_or_default();
+            let names_bucket = description.starts_with("The name of the bucket")
+                || description.starts_with("The destination bucket")
+                || description.contains("projects/_/buckets/bucket");
+            if prop["type"] == "string" && names_bucket {
+                out.push(path.clone());
+            }
+            let (inner, array) = match prop["type"].as_str() {
+                Some("array") => (&prop["items"], true),
+                _ => (prop, false),
+            };
+            if array {
+                path.push("[]".to_owned());
+            }
+            if let Some(reference) = inner["$ref"].as_str() {
+                bucket_fields(schemas, reference, &path, depth + 1, out);
+            } else if let Some(nested) = inner["properties"].as_object() {
+                walk_properties(schemas, nested, &path, depth + 1, out);
+            }
+        }
+    }
+
+    /// A body with `value` at `path`.
+    fn body_at(path: &[String], value: serde_json::Value) -> serde_json::Value {
+        path.iter().rev().fold(value, |inner, key| {
+            if key == "[]" {
+                serde_json::Value::Array(vec![inner])
+            } else {
+                serde_json::json!({ key.as_str(): inner })
+            }
+        })
+    }
+
+    /// Which request fields name buckets comes from the discovery schemas:
+    /// for every request schema of a routed method, each field its
+    /// description says names a bucket is translated, and refused when it
+    /// names a bucket the map does not hold.
+    #[test]
+    fn bucket_fields_of_request_schemas_are_translated() {
+        use crate::rewrite::Direction;
+        use crate::rewrite::json::rewrite_json_bytes;
+        use crate::rewrite::testing::{mapping, translator, upstream_base};
+        let doc: serde_json::Value = serde_json::from_str(DOCUMENT).unwrap_or_default();
+        let schemas = &doc["schemas"];
+        let m = mapping();
+        let links = upstream_base();
+        let tr = translator(&m, &links, Direction::ToPhysical);
+        let table = table().unwrap_or_else(|e| panic!("{e}"));
+        let mut checked = 0;
+        for op in table
+            .operations
+            .iter()
+            .filter(|op| op.class == Class::Routed)
+        {
+            let Some(schema) = op.request.as_deref() else {
+                continue;
+            };
+            let mut fields = Vec::new();
+            bucket_fields(schemas, schema, &[], 0, &mut fields);
+            for path in fields {
+                let resource_id = path.last().is_some_and(|k| k == "resourceId");
+                let value = |b: &str| {
+                    if resource_id {
+                        format!("projects/_/buckets/{b}")
+                    } else {
+                        b.to_owned()
+                    }
+                };
+                let body = body_at(&path, value("other").into()).to_string();
+                let refused = rewrite_json_bytes(
+                    body.as_bytes(),
+                    op.request_resource().unwrap_or(Resource::Generic),
+                    &tr,
+                );
+                assert_eq!(
+                    refused.map_err(|e| e.status.as_u16()).map(|_| ()),
+                    Err(404),
+                    "{} {schema}.{}: an unmapped bucket is refused",
+                    op.name,
+                    path.join(".")
+                );
+                let body = body_at(&path, value("photos").into()).to_string();
+                let hint = op.request_resource().unwrap_or(Resource::Generic);
+                let new = rewrite_json_bytes(body.as_bytes(), hint, &tr)
+                    .unwrap_or_else(|e| panic!("{}: {e}", op.name))
+                    .unwrap_or_default();
+                let new = String::from_utf8_lossy(&new);
+                assert!(
+                    new.contains(&value("photos-k3x9q2mw")),
+                    "{} {schema}.{}: translated, got {new}",
+                    op.name,
+                    path.join(".")
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "{checked} bucket fields checked");
+    }
+}

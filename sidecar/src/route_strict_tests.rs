@@ -1,0 +1,408 @@
+//! Deny by default: the discovery document's methods are each routed or
+//! refused on purpose, the request shapes that used to slip past the router
+//! are refused, and no random path is forwarded naming an unmapped bucket.
+
+use http::Method;
+use proptest::prelude::*;
+
+use super::*;
+use crate::discovery::{Class, Segment, table};
+use crate::rewrite::request_bucket;
+use crate::rewrite::testing::mapping;
+
+fn split(target: &str) -> (&str, Option<&str>) {
+    match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    }
+}
+
+fn route_target(method: &Method, target: &str) -> Result<Route, RouteError> {
+    let (path, query) = split(target);
+    route(method, path, query, None)
+}
+
+/// A concrete path for a template: `photos` for buckets, `x` for the rest.
+pub(crate) fn example_path(segments: &[Segment], bucket: &str) -> String {
+    let parts: Vec<&str> = segments
+        .iter()
+        .map(|s| match s {
+            Segment::Literal(lit) => lit.as_str(),
+            Segment::Bucket => bucket,
+            Segment::Param => "x",
+        })
+        .collect();
+    format!("/storage/v1/{}", parts.join("/"))
+}
+
+#[test]
+fn every_discovery_method_is_routed_and_rewritten_or_refused_with_a_reason() {
+    let table = table().unwrap_or_else(|e| panic!("{e}"));
+    let m = mapping();
+    for op in &table.operations {
+        let path = example_path(&op.segments, "photos");
+        let routed = route(&op.method, &path, None, None);
+        match op.class {
+            Class::Routed => {
+                let r = routed.unwrap_or_else(|e| panic!("{} {path}: {e}", op.name));
+                assert_eq!(r.operation, op.name, "{path}");
+                let buckets = op
+                    .segments
+                    .iter()
+                    .filter(|s| **s == Segment::Bucket)
+                    .count();
+                assert_eq!(r.buckets.len(), buckets, "{}: bucket slots", op.name);
+                let physical: Vec<String> = r
+                    .buckets
+                    .iter()
+                    .map(|s| request_bucket(&m, false, &s.name).unwrap_or_default())
+                    .collect();
+                let names: Vec<&str> = physical.iter().map(String::as_str).collect();
+                let upstream = replace_slots(&path, &r.buckets, &names);
+                assert_eq!(
+                    upstream,
+                    example_path(&op.segments, "photos-k3x9q2mw"),
+                    "{}: every bucket segment rewritten",
+                    op.name
+                );
+                let want_request = op
+                    .request_resource()
+                    .map_or(RequestBody::None, RequestBody::Json);
+                assert_eq!(r.request_body, want_request, "{}: request body", op.name);
+                assert_eq!(
+                    r.response_body,
+                    ResponseBody::Json(op.response_resource()),
+                    "{}: response body",
+                    op.name
+                );
+            }
+            Class::Refused(reason) => {
+                assert!(reason.len() > 20, "{}: a reason is given", op.name);
+                assert_eq!(
+                    routed,
+                    Err(RouteError::RefusedOperation {
+                        operation: &op.name,
+                        reason
+                    }),
+                    "{path}"
+                );
+            }
+        }
+    }
+}
+
+/// The request shapes issue 8 found forwarded naming an unmapped bucket.
+#[test]
+fn shapes_that_slipped_past_the_old_router_are_refused() {
+    use RouteError as E;
+    let unknown = |m: &str, p: &str| E::UnknownOperation {
+        method: m.to_owned(),
+        path: p.to_owned(),
+    };
+    let dot = |s: &str| E::DotSegment(s.to_owned());
+    let cases: Vec<(Method, &str, RouteError)> = vec![
+        (Method::GET, "/storage/v1//b/OTHER/o/x", E::EmptySegment),
+        (
+            Method::GET,
+            "/storage/v1/%62/OTHER/o/x",
+            unknown("GET", "/storage/v1/%62/OTHER/o/x"),
+        ),
+        (Method::GET, "/storage/v1/./b/other/o/x", dot(".")),
+        (Method::GET, "/storage/v1/b/photos/../other/o/x", dot("..")),
+        (Method::GET, "/storage/v1/b/photos/o/..", dot("..")),
+        (Method::GET, "/storage/v1/b/photos/o/%2E%2e", dot("%2E%2e")),
+        (Method::GET, "/storage/v1/b/photos/o/x/acl/.", dot(".")),
+        (
+            Method::GET,
+            "/download/storage/v1/b/photos/o/%2E",
+            dot("%2E"),
+        ),
+        (Method::GET, "/photos/../other/x", dot("..")),
+        (Method::GET, "/photos/a/./b", dot(".")),
+        (Method::PUT, "/photos/%2e%2E/other/x", dot("%2e%2E")),
+        (Method::GET, "/photos/a//b", E::EmptySegment),
+        (
+            Method::POST,
+            "/upload/storage/v2/b/other/o?uploadType=media",
+            unknown("POST", "/upload/storage/v2/b/other/o"),
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/x/copyTo/b/logs/o/y/copyTo/b/other/o/z",
+            unknown(
+                "POST",
+                "/storage/v1/b/photos/o/x/copyTo/b/logs/o/y/copyTo/b/other/o/z",
+            ),
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/x/copyTo/%62/other/o/y",
+            unknown("POST", "/storage/v1/b/photos/o/x/copyTo/%62/other/o/y"),
+        ),
+        (
+            Method::POST,
+            "/storage/v1/b/photos/o/dir/x/rewriteTo/b/other/o/y",
+            unknown("POST", "/storage/v1/b/photos/o/dir/x/rewriteTo/b/other/o/y"),
+        ),
+        (
+            Method::PUT,
+            "/photos?%6Cogging",
+            E::DisguisedParameter {
+                raw: "%6Cogging".into(),
+                key: "logging",
+            },
+        ),
+        (
+            Method::PUT,
+            "/photos?Logging",
+            E::DisguisedParameter {
+                raw: "Logging".into(),
+                key: "logging",
+            },
+        ),
+        (
+            Method::PUT,
+            "/photos?logging&logging",
+            E::RepeatedParameter("logging"),
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o/x?alt=json&alt=media",
+            E::RepeatedParameter("alt"),
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos/o/x?%61lt=media",
+            E::DisguisedParameter {
+                raw: "%61lt".into(),
+                key: "alt",
+            },
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/photos?alt=media",
+            E::BadParameter {
+                key: "alt",
+                value: "media".into(),
+            },
+        ),
+        (
+            Method::POST,
+            "/upload/storage/v1/b/photos/o?uploadType=media&uploadType=multipart",
+            E::RepeatedParameter("uploadType"),
+        ),
+        (
+            Method::POST,
+            "/upload/storage/v1/b/photos/o?name=x",
+            E::BadParameter {
+                key: "uploadType",
+                value: "(missing)".into(),
+            },
+        ),
+        (
+            Method::GET,
+            "/storage/v1/b/%70hotos/o",
+            E::InvalidBucket("%70hotos".into()),
+        ),
+        (
+            Method::GET,
+            "/batch/storage/v1",
+            unknown("GET", "/batch/storage/v1"),
+        ),
+        (
+            Method::GET,
+            "/download/other/x",
+            unknown("GET", "/download/other/x"),
+        ),
+        (
+            Method::OPTIONS,
+            "/storage/v1/b/photos",
+            unknown("OPTIONS", "/storage/v1/b/photos"),
+        ),
+        (
+            Method::POST,
+            "/photos",
+            unknown("POST", "(an XML API bucket or object)"),
+        ),
+    ];
+    for (method, target, want) in cases {
+        assert_eq!(
+            route_target(&method, target),
+            Err(want),
+            "{method} {target}"
+        );
+    }
+    let hmac = route_target(&Method::GET, "/storage/v1/projects/p/hmacKeys");
+    assert!(
+        matches!(
+            hmac,
+            Err(RouteError::RefusedOperation {
+                operation: "projects.hmacKeys.list",
+                ..
+            })
+        ),
+        "{hmac:?}"
+    );
+}
+
+#[test]
+fn routing_parameters_are_read_once_and_exactly() {
+    let [alt, upload] = routing_params("a=1&alt=media&uploadType=x%2Fy", &["alt", "uploadType"])
+        .unwrap_or_default();
+    assert_eq!(alt.as_deref(), Some("media"));
+    assert_eq!(upload.as_deref(), Some("x/y"));
+    // Other keys, encoded or repeated, are not routing parameters.
+    assert!(routing_params("prefix=a&prefix=b&%70refix=c", &["alt"]).is_ok());
+    assert_eq!(
+        routing_params("ALT=media", &["alt"]).map(|_| ()),
+        Err(RouteError::DisguisedParameter {
+            raw: "ALT".into(),
+            key: "alt"
+        })
+    );
+}
+
+/// Bucket positions in an upstream path as a lenient server might read it:
+/// segments percent-decoded, dot segments resolved, empty segments dropped.
+fn lenient_bucket_positions(upstream: &str) -> Result<Vec<String>, String> {
+    let mut segs: Vec<String> = Vec::new();
+    for raw in upstream.trim_start_matches('/').split('/') {
+        let seg = percent_decode_str(raw).decode_utf8_lossy().into_owned();
+        match seg.as_str() {
+            "" | "." => {}
+            ".." => {
+                segs.pop();
+            }
+            _ => segs.push(seg),
+        }
+    }
+    let names: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let json_at = match names.as_slice() {
+        ["storage", "v1", ..] => 2,
+        ["upload" | "download", "storage", "v1", ..] => 3,
+        ["resumable", "upload", "storage", "v1", ..] => 4,
+        ["upload", "resumable", _] | ["batch", "storage", "v1"] => return Ok(Vec::new()),
+        [first, ..] if JSON_FAMILY.contains(first) => {
+            return Err(format!(
+                "an unknown JSON API path went upstream: {upstream}"
+            ));
+        }
+        [first, ..] => return Ok(vec![(*first).to_owned()]),
+        [] => return Ok(Vec::new()),
+    };
+    let rest = &names[json_at..];
+    let mut out = Vec::new();
+    if let ["b", bucket, ..] = rest {
+        out.push((*bucket).to_owned());
+    }
+    for window in rest.windows(3) {
+        if matches!(window[0], "copyTo" | "rewriteTo") && window[1] == "b" {
+            out.push(window[2].to_owned());
+        }
+    }
+    Ok(out)
+}
+
+const VOCABULARY: [&str; 34] = [
+    "storage",
+    "v1",
+    "v2",
+    "b",
+    "o",
+    "photos",
+    "logs",
+    "other",
+    "OTHER",
+    "photos-k3x9q2mw",
+    "%62",
+    "%6F",
+    "x",
+    "a%2Fb",
+    "copyTo",
+    "rewriteTo",
+    "moveTo",
+    "compose",
+    "acl",
+    "iam",
+    "upload",
+    "download",
+    "batch",
+    "resumable",
+    ".",
+    "..",
+    "%2E",
+    "%2e%2E",
+    "",
+    "b%2Fother",
+    "folders",
+    "projects",
+    "serviceAccount",
+    "%2Fother",
+];
+
+const PREFIXES: [&str; 6] = [
+    "/",
+    "/storage/v1/",
+    "/storage/v1/b/",
+    "/upload/storage/v1/b/",
+    "/download/storage/v1/b/",
+    "/photos/",
+];
+
+const QUERIES: [Option<&str>; 8] = [
+    None,
+    Some("alt=media"),
+    Some("uploadType=media"),
+    Some("uploadType=multipart&name=x"),
+    Some("upload_id=1"),
+    Some("logging"),
+    Some("%6Cogging"),
+    Some("alt=media&alt=json"),
+];
+
+const METHODS: [Method; 6] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::PATCH,
+    Method::DELETE,
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn random_paths_are_routed_to_mapped_buckets_or_refused(
+        prefix in 0..PREFIXES.len(),
+        segs in prop::collection::vec(0..VOCABULARY.len(), 0..10),
+        query in 0..QUERIES.len(),
+        method in 0..METHODS.len(),
+    ) {
+        let tail: Vec<&str> = segs.iter().map(|&i| VOCABULARY[i]).collect();
+        let path = format!("{}{}", PREFIXES[prefix], tail.join("/"));
+        let Ok(routed) = route(&METHODS[method], &path, QUERIES[query], None) else {
+            return Ok(());
+        };
+        let m = mapping();
+        let mut physical = Vec::new();
+        for slot in &routed.buckets {
+            prop_assert_eq!(&path[slot.range.clone()], slot.name.as_str());
+            match request_bucket(&m, false, &slot.name) {
+                Ok(name) => physical.push(name),
+                // The proxy answers 404/403 itself: nothing is forwarded.
+                Err(_) => return Ok(()),
+            }
+        }
+        let names: Vec<&str> = physical.iter().map(String::as_str).collect();
+        let upstream = replace_slots(&path, &routed.buckets, &names);
+        let buckets = lenient_bucket_positions(&upstream).map_err(TestCaseError::fail)?;
+        for bucket in buckets {
+            prop_assert!(
+                m.logical(&bucket).is_some(),
+                "{} {} went upstream as {} naming {:?}",
+                METHODS[method], path, upstream, bucket
+            );
+        }
+    }
+}
