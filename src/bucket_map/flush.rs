@@ -50,8 +50,10 @@ impl BucketMaps {
 
     async fn flush(&self, map: &NamespaceMap) -> Result<()> {
         for _ in 0..CONFLICT_REPLANS {
-            let plan = self.plan_now(map);
-            if !self.needs_write(map, &plan) {
+            // One read of the cached map serves the plan and the write check.
+            let data = self.current_data(&map.ns);
+            let plan = self.plan_now(map, &data);
+            if !Self::needs_write(map, &plan, &data) {
                 self.commit(map, plan);
                 return Ok(());
             }
@@ -70,9 +72,8 @@ impl BucketMaps {
         )))
     }
 
-    fn plan_now(&self, map: &NamespaceMap) -> Plan {
+    fn plan_now(&self, map: &NamespaceMap, data: &BTreeMap<String, String>) -> Plan {
         let contenders = self.contenders(&map.ns);
-        let data = self.current_data(&map.ns);
         let state = lock(&map.state);
         // Keys in the map that are not ours count against the budget.
         let others: usize = data
@@ -103,7 +104,7 @@ impl BucketMaps {
 
     /// Whether the map must be written: our entries differ from the plan, or
     /// the cached map does not show them (deleted or edited by somebody).
-    fn needs_write(&self, map: &NamespaceMap, plan: &Plan) -> bool {
+    fn needs_write(map: &NamespaceMap, plan: &Plan, data: &BTreeMap<String, String>) -> bool {
         let state = lock(&map.state);
         let ours: BTreeMap<&String, &String> = state
             .applied
@@ -114,7 +115,6 @@ impl BucketMaps {
         if ours != planned {
             return true;
         }
-        let data = self.current_data(&map.ns);
         plan.data.iter().any(|(k, v)| data.get(k) != Some(v))
     }
 
