@@ -33,6 +33,8 @@ pub mod reason {
     pub const MAPPING_CONFLICT: &str = "MappingConflict";
     /// The namespace's bucket map has no room left for the entry.
     pub const MAP_FULL: &str = "MapFull";
+    /// A Secret of the binding's name belongs to somebody else.
+    pub const BINDING_NOT_OWNED: &str = "BindingNotOwned";
     /// The bucket at the recorded name is not ours.
     pub const NOT_OWNED: &str = "NotOwned";
 }

@@ -466,6 +466,7 @@ async fn report_failure(obj: &Gcs, ctx: &Context, writer: &mut StatusWriter<'_>,
             )
         }
         Error::DeletionBlocked(msg) => (reason::DELETION_BLOCKED, msg.clone()),
+        Error::BindingNotOwned(msg) => (reason::BINDING_NOT_OWNED, msg.clone()),
         // Kubernetes errors cannot be reported through Kubernetes reliably.
         _ => return,
     };
@@ -477,7 +478,8 @@ async fn report_failure(obj: &Gcs, ctx: &Context, writer: &mut StatusWriter<'_>,
     if let Err(e) = writer.flush().await {
         warn!(error = %e, "cannot record failure in status");
     }
-    let event_reason = if reason == reason::DELETION_BLOCKED {
+    let event_reason = if reason == reason::DELETION_BLOCKED || reason == reason::BINDING_NOT_OWNED
+    {
         reason
     } else {
         "ReconcileError"
@@ -631,17 +633,23 @@ async fn ensure_bucket(
             Some(n) => n.clone(),
             None => naming::physical_name(&obj.spec.bucket_name, identity, attempt),
         };
-        // Persist the name before creating, so a crash or a lost response
-        // can only ever lead back to this same name.
+        // A crash or a lost response must only ever lead back to this same
+        // name. Attempt 0 is derived from the uid, so a restart finds it
+        // again without a status write; a later attempt is persisted before
+        // the create. A create that has to wait for its turn is reported as
+        // `Creating` meanwhile. (Skipping the write for an immediate first
+        // attempt saves one API write per resource.)
         status.name(&physical, project, attempt);
-        if status.status.create_time.is_none() {
-            status.ready(
-                false,
-                reason::CREATING,
-                format!("Creating bucket {physical} in project {project}"),
-            );
+        if attempt > 0 || !ctx.pacer.is_free(project) {
+            if status.status.create_time.is_none() {
+                status.ready(
+                    false,
+                    reason::CREATING,
+                    format!("Creating bucket {physical} in project {project}"),
+                );
+            }
+            status.flush().await?;
         }
-        status.flush().await?;
 
         let location = obj.spec.location.to_ascii_uppercase();
         let create = ctx.gcs.create_bucket(

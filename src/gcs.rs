@@ -305,7 +305,8 @@ impl GcsClient {
 #[derive(Debug, Default)]
 pub struct Pacer {
     interval: Option<Duration>,
-    projects: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Instant>>>>>,
+    projects:
+        std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>>>>,
 }
 
 impl Pacer {
@@ -315,6 +316,23 @@ impl Pacer {
             interval: interval.filter(|i| !i.is_zero()),
             projects: Default::default(),
         }
+    }
+
+    /// Whether an operation of `project` could start now without waiting
+    /// (a hint: another task may take the turn first).
+    pub fn is_free(&self, project: &str) -> bool {
+        let Some(interval) = self.interval else {
+            return true;
+        };
+        let slot = {
+            let projects = self.projects.lock().unwrap_or_else(|p| p.into_inner());
+            projects.get(project).cloned()
+        };
+        let Some(slot) = slot else {
+            return true;
+        };
+        slot.try_lock()
+            .is_ok_and(|last| last.is_none_or(|finished| finished.elapsed() >= interval))
     }
 
     /// Runs `operation` (a bucket create or delete in `project`) in its turn.
@@ -330,10 +348,38 @@ impl Pacer {
         // FIFO: waiters of one project go in the order they arrived.
         let mut last = slot.lock().await;
         if let Some(finished) = *last {
-            tokio::time::sleep_until((finished + interval).into()).await;
+            tokio::time::sleep_until(finished + interval).await;
         }
         let out = operation.await;
-        *last = Some(Instant::now());
+        *last = Some(tokio::time::Instant::now());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_project_is_busy_while_an_operation_runs_and_for_the_interval_after() {
+        let pacer = Pacer::new(Some(Duration::from_secs(2)));
+        assert!(pacer.is_free("p"), "an unseen project is free");
+        let (started, wait_started) = tokio::sync::oneshot::channel::<()>();
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let op = pacer.run("p", async move {
+            let _ = started.send(());
+            let _ = finished.await;
+        });
+        let probe = async {
+            let _ = wait_started.await;
+            assert!(!pacer.is_free("p"), "busy while an operation runs");
+            assert!(pacer.is_free("q"), "other projects are not affected");
+            let _ = finish.send(());
+        };
+        tokio::join!(op, probe);
+        assert!(!pacer.is_free("p"), "busy for the interval after");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(pacer.is_free("p"), "free once the interval passed");
+        assert!(Pacer::new(None).is_free("p"), "no pacing: always free");
     }
 }

@@ -86,6 +86,9 @@ pub enum Error {
     /// The object lacks a field every stored object has.
     #[error("object has no {0}")]
     MissingField(&'static str),
+    /// A Secret of the binding's name belongs to somebody else.
+    #[error("{0}")]
+    BindingNotOwned(String),
     /// The bucket map could not be written.
     #[error("bucket map: {0}")]
     Publish(String),
@@ -103,6 +106,7 @@ impl Error {
             Error::DeletionBlocked(_) => "deletion_blocked".into(),
             Error::MissingField(_) => "missing_field".into(),
             Error::Publish(_) => "publish".into(),
+            Error::BindingNotOwned(_) => "binding_not_owned".into(),
             Error::Finalizer(_) => "finalizer".into(),
         }
     }

@@ -203,3 +203,85 @@ async fn an_orphaned_bucket_leaves_the_map() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_binding_secret_of_somebody_else_is_never_touched_and_ours_is_restored() -> TestResult {
+    let f = Fixture::started().await?;
+    // A Secret of the binding's name that the operator did not make.
+    let secrets: Api<Secret> = Api::namespaced(f.client.clone(), &f.ns);
+    let name = binding_secret_name("photos");
+    let foreign = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name},
+        "stringData": {"bucket": "their-bucket"},
+    });
+    secrets
+        .patch(
+            &name,
+            &PatchParams::apply("platform-team"),
+            &Patch::Apply(&foreign),
+        )
+        .await?;
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    f.wait_reason("photos", "BindingNotOwned").await?;
+    let s = secret(&f, "photos")
+        .await?
+        .expect("their Secret is still there");
+    assert_eq!(text(&s, "bucket"), "their-bucket", "not overwritten");
+    assert!(s.owner_references().is_empty(), "not adopted");
+
+    // Once they remove it, the binding is written and the resource is Ready.
+    secrets.delete(&name, &Default::default()).await?;
+    let g = f.wait_ready("photos").await?;
+    let bucket = physical(&g);
+    let s = secret(&f, "photos").await?.expect("binding secret exists");
+    assert_eq!(text(&s, "bucket"), bucket);
+
+    // Our Secret edited out of band: restored at the next resync (2 s here).
+    let edit = serde_json::json!({"data": {"bucket": "b3RoZXI="}});
+    secrets
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = secret(&f, "photos").await?.expect("binding secret exists");
+        if text(&s, "bucket") == bucket {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "binding Secret not restored: bucket is {:?}",
+            text(&s, "bucket")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleting_a_resource_leaves_a_foreign_secret_of_the_binding_name() -> TestResult {
+    let f = Fixture::started().await?;
+    let secrets: Api<Secret> = Api::namespaced(f.client.clone(), &f.ns);
+    let name = binding_secret_name("photos");
+    let foreign = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name},
+        "stringData": {"bucket": "their-bucket"},
+    });
+    secrets
+        .patch(
+            &name,
+            &PatchParams::apply("platform-team"),
+            &Patch::Apply(&foreign),
+        )
+        .await?;
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    f.wait_reason("photos", "BindingNotOwned").await?;
+    f.delete("photos").await?;
+    f.wait_gone("photos", Duration::from_secs(30)).await?;
+    let s = secret(&f, "photos").await?.expect("their Secret survives");
+    assert_eq!(text(&s, "bucket"), "their-bucket");
+    Ok(())
+}
