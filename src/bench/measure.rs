@@ -66,6 +66,16 @@ impl Operator {
         proc_status_kib(self.pid()?, "VmRSS").map(|k| k * 1024)
     }
 
+    /// CPU seconds (user + system) the operator has used so far.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let pid = self.pid()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .context("cannot read /proc stat")?;
+        proc_stat_cpu_ticks(&stat)
+            .map(|ticks| ticks as f64 / CLOCK_TICKS_PER_SECOND)
+            .with_context(|| format!("malformed /proc/{pid}/stat"))
+    }
+
     async fn metrics(&self) -> anyhow::Result<String> {
         let (status, text) = crate::demo::http(&self.metrics_addr, "GET", "/metrics", "").await?;
         anyhow::ensure!(status == 200, "operator metrics answered {status}");
@@ -83,6 +93,19 @@ impl Operator {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// `USER_HZ`: 100 on every Linux architecture the operator is built for.
+const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
+
+/// utime + stime of a `/proc/PID/stat` line. The command name (field 2) may
+/// hold spaces and parentheses, so fields are counted after its last `)`.
+fn proc_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
 }
 
 fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
@@ -242,6 +265,14 @@ pub async fn wait_until(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        let stat =
+            "4242 (bucket map) op) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 31 0 0 20 0 9 0 1 2 3";
+        assert_eq!(proc_stat_cpu_ticks(stat), Some(281));
+        assert_eq!(proc_stat_cpu_ticks("4242 (x) S 1"), None);
+    }
 
     #[test]
     fn samples_are_summed_by_label() {

@@ -87,6 +87,7 @@ struct Report {
     steady: Option<(f64, usize)>,
     peak_rss: u64,
     idle_rss: u64,
+    operator_cpu: f64,
 }
 
 /// Runs the benchmark and prints a report; stops everything on SIGTERM/ctrl-c.
@@ -140,6 +141,7 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
 
     let operator = Operator::start(&env, &mock.endpoint(), args.resync).await?;
     let idle_rss = operator.rss()?;
+    let idle_cpu = operator.cpu_seconds()?;
     let namespaces = namespaces(&client, "bench", shape.namespaces).await?;
     gcs.reset_calls();
     let before = ApiCounters::read(&client).await?;
@@ -154,6 +156,7 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
     wait_all_ready(&client, shape.resources, args.ready_timeout).await?;
     let to_ready = started.elapsed();
     let after = ApiCounters::read(&client).await?;
+    let operator_cpu = operator.cpu_seconds()? - idle_cpu;
     let reconciles = operator.reconciles().await?;
     let create_calls = gcs.calls().len();
     let steady = if args.no_steady_state {
@@ -178,6 +181,7 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
         steady,
         peak_rss,
         idle_rss,
+        operator_cpu,
     })
 }
 
@@ -299,6 +303,11 @@ fn print_report(r: &Report) {
         r.apiserver_cpu,
         r.apiserver_cpu / r.baseline_apiserver_cpu.max(0.001),
         r.baseline_apiserver_cpu
+    );
+    println!(
+        "- operator CPU: {:.1} s ({:.2} ms per resource)",
+        r.operator_cpu,
+        r.operator_cpu * 1000.0 / n as f64
     );
     println!(
         "- GCS calls per bucket on create: {:.2}",
