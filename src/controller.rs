@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -81,7 +81,7 @@ impl Default for OperatorConfig {
 pub struct Context {
     pub client: kube::Client,
     pub gcs: GcsClient,
-    pub recorder: Recorder,
+    pub events: crate::events::Events,
     pub metrics: Arc<Metrics>,
     pub config: OperatorConfig,
     pacer: Pacer,
@@ -158,7 +158,7 @@ pub async fn run(
         wake,
     );
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: crate::events::Events::new(client.clone(), reporter),
         client,
         gcs,
         metrics,
@@ -339,7 +339,7 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+        if let Err(e) = self.events.publish(&event, &obj.object_ref(&())).await {
             warn!(error = %e, reason, "cannot publish event");
         }
     }

@@ -17,6 +17,7 @@ pub mod controller;
 pub mod crd;
 pub mod demo;
 pub mod dev;
+pub mod events;
 pub mod gcs;
 pub mod leader;
 pub mod metrics;
