@@ -42,7 +42,7 @@ pub fn split<'b>(body: &'b [u8], boundary: &str) -> Option<Vec<&'b [u8]>> {
     while let Some(found) = finder.find(&body[from..]) {
         let at = from + found;
         let rest = &body[at + delimiter.len()..];
-        if (at == 0 || body[at - 1] == b'\n') && is_delimiter_end(rest) {
+        if (at == 0 || body[at - 1] == b'\n') && delimiter_line(rest, true) == Some(true) {
             starts.push(at);
         }
         from = at + delimiter.len();
@@ -73,19 +73,28 @@ pub fn split<'b>(body: &'b [u8], boundary: &str) -> Option<Vec<&'b [u8]>> {
     (!parts.is_empty()).then_some(parts)
 }
 
-/// Whether `rest`, what follows `--boundary` at the start of a line, makes
-/// it a delimiter line (RFC 2046: an optional `--` for the close delimiter,
-/// optional blanks, then the line end or the end of the body). `--B--junk`
-/// and `--Bjunk` are content, as Go's mime/multipart and Python's email read
-/// them.
-fn is_delimiter_end(rest: &[u8]) -> bool {
-    let rest = rest.strip_prefix(b"--").unwrap_or(rest);
+/// Whether `--boundary` at the start of a line, followed by `rest`, is a
+/// delimiter line (RFC 2046: an optional `--` for the close delimiter,
+/// optional blanks, then the line end, or the end of the body when `eof`).
+/// `--B--junk` and `--Bjunk` are content, as Go's mime/multipart and
+/// Python's email read them. `None`: `rest` is too short to tell yet (a
+/// streaming caller waits for more bytes; never when `eof`).
+pub(crate) fn delimiter_line(rest: &[u8], eof: bool) -> Option<bool> {
+    let rest = match rest.strip_prefix(b"--") {
+        Some(after) => after,
+        None if rest == b"-" && !eof => return None,
+        None => rest,
+    };
     let padding = rest
         .iter()
         .take_while(|b| matches!(b, b' ' | b'\t'))
         .count();
-    let rest = &rest[padding..];
-    rest.is_empty() || rest.starts_with(b"\n") || rest.starts_with(b"\r\n")
+    match &rest[padding..] {
+        [] | [b'\r'] if !eof => None,
+        [] => Some(true),
+        [b'\n', ..] | [b'\r', b'\n', ..] => Some(true),
+        _ => Some(false),
+    }
 }
 
 /// Whether a part (up to the next delimiter, line break included) starts
@@ -93,7 +102,7 @@ fn is_delimiter_end(rest: &[u8]) -> bool {
 /// folded lines) ended by an empty line. Go's mime/multipart refuses other
 /// header blocks and Python's email reads them differently, so the sidecar
 /// refuses them too.
-fn headers_well_formed(part: &[u8]) -> bool {
+pub(crate) fn headers_well_formed(part: &[u8]) -> bool {
     let mut at = 0;
     while let Some(i) = memchr::memchr(b'\n', &part[at..]) {
         let line = &part[at..at + i];

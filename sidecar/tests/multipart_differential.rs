@@ -1,6 +1,8 @@
 //! Differential test of the sidecar's multipart splitting (`multipart::split`
-//! and `part_headers`, used for `multipart/mixed` batches) against Python's
-//! standard `email` package, an RFC 2046 parser: for generated bodies with
+//! and `part_headers`, used for `multipart/mixed` batches, and
+//! `upload::rewrite_related`, which finds the metadata part of a
+//! `multipart/related` upload) against Python's standard `email` package,
+//! an RFC 2046 parser: for generated bodies with
 //! CRLF and bare-LF line ends mixed, preambles, epilogues, parts without
 //! headers, and content lines that resemble delimiters (`--B--junk`,
 //! `--Bjunk`, ` --B`, delimiters followed by blanks), both must see the same
@@ -20,6 +22,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use bucketmap_sidecar::multipart::{part_headers, split};
+use bucketmap_sidecar::upload::rewrite_related;
+use bytes::Bytes;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{Value, json};
@@ -175,6 +179,56 @@ fn sidecar_and_python_email_see_the_same_parts() {
     }
     // The generated framings are mostly well formed: a splitter that refused
     // them all would prove nothing.
+    assert!(
+        refused.get() < 512 / 2,
+        "the sidecar refused {} of 512 bodies",
+        refused.get()
+    );
+}
+
+/// The metadata part `rewrite_related` hands to the rewriter, or `None`
+/// when it refuses the body.
+fn sidecar_metadata(boundary: &str, body: &str) -> Option<String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let content_type = format!("multipart/related; boundary=\"{boundary}\"");
+    let seen = std::cell::RefCell::new(None);
+    let body = http_body_util::Full::new(Bytes::from(body.to_owned()));
+    let result = runtime.block_on(rewrite_related(body, &content_type, 1 << 20, |part| {
+        *seen.borrow_mut() = Some(String::from_utf8_lossy(part).into_owned());
+        Ok(None)
+    }));
+    result.ok().and_then(|_| seen.into_inner())
+}
+
+/// `multipart/related` uploads: the metadata part the sidecar checks and
+/// rewrites is the first part Python's email reads, whatever the framing.
+#[test]
+fn upload_metadata_is_the_part_python_email_reads_first() {
+    let python = std::cell::RefCell::new(PythonEmail::start());
+    let refused = std::cell::Cell::new(0u32);
+    let mut runner = TestRunner::new(Config {
+        cases: 512,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&case(), |(boundary, body)| {
+        let theirs = python.borrow_mut().parts(&boundary, &body);
+        let Some(ours) = sidecar_metadata(&boundary, &body) else {
+            refused.set(refused.get() + 1);
+            return Ok(());
+        };
+        if theirs[0]["content"].as_str() != Some(ours.as_str()) {
+            return Err(TestCaseError::fail(format!(
+                "boundary {boundary:?}, body {body:?}:\n sidecar {ours:?}\n email   {theirs}"
+            )));
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
     assert!(
         refused.get() < 512 / 2,
         "the sidecar refused {} of 512 bodies",
