@@ -39,6 +39,32 @@ struct Entry {
     content_id: Option<String>,
     hint: Resource,
     local: Option<ApiError>,
+    /// The refusal-metric reason, when the part was refused as a top-level
+    /// request would be (an unknown operation, a method override).
+    refusal: Option<&'static str>,
+}
+
+/// Why a nested request is answered locally.
+struct PartError {
+    error: ApiError,
+    refusal: Option<&'static str>,
+}
+
+impl From<ApiError> for PartError {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            refusal: None,
+        }
+    }
+}
+
+impl Plan {
+    /// The refusal-metric reason of each part refused as a request the
+    /// sidecar does not forward, for `bucketmap_sidecar_refused_requests_total`.
+    pub fn refusals(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.entries.iter().filter_map(|e| e.refusal)
+    }
 }
 
 /// Translates a batch request.
@@ -46,8 +72,11 @@ pub fn prepare(body: &[u8], content_type: &str, tr: &Translator<'_>) -> Result<P
     let boundary = boundary(content_type).ok_or_else(|| {
         ApiError::bad_request("a batch request must be multipart/mixed with a boundary")
     })?;
-    let parts = split(body, &boundary)
-        .ok_or_else(|| ApiError::bad_request("the batch body has no parts"))?;
+    let parts = split(body, &boundary).ok_or_else(|| {
+        ApiError::bad_request(
+            "the batch body has no parts, or a part lacks the empty line that ends its headers",
+        )
+    })?;
     if parts.len() > MAX_PARTS {
         return Err(ApiError::bad_request(format!(
             "a batch request may hold at most {MAX_PARTS} parts; this one has {}",
@@ -73,12 +102,14 @@ pub fn prepare(body: &[u8], content_type: &str, tr: &Translator<'_>) -> Result<P
                     content_id,
                     hint,
                     local: None,
+                    refusal: None,
                 });
             }
-            Err(error) => entries.push(Entry {
+            Err(PartError { error, refusal }) => entries.push(Entry {
                 content_id,
                 hint: Resource::Generic,
                 local: Some(error),
+                refusal,
             }),
         }
     }
@@ -92,20 +123,24 @@ pub fn prepare(body: &[u8], content_type: &str, tr: &Translator<'_>) -> Result<P
 }
 
 /// One nested request, translated; with the resource its response holds.
-fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Resource), ApiError> {
+fn translate_request(
+    payload: &[u8],
+    tr: &Translator<'_>,
+) -> Result<(Vec<u8>, Resource), PartError> {
     let mut header_buf = [httparse::EMPTY_HEADER; MAX_NESTED_HEADERS];
     let mut parsed = httparse::Request::new(&mut header_buf);
     let head_len = match parsed.parse(payload) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
-            return Err(ApiError::bad_request(
-                "a batch part holds an incomplete HTTP request",
-            ));
+            return Err(
+                ApiError::bad_request("a batch part holds an incomplete HTTP request").into(),
+            );
         }
         Err(e) => {
             return Err(ApiError::bad_request(format!(
                 "a batch part holds a malformed HTTP request: {e}"
-            )));
+            ))
+            .into());
         }
     };
     let method_text = parsed.method.unwrap_or("GET");
@@ -116,10 +151,13 @@ fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Re
         .iter()
         .any(|h| h.name.eq_ignore_ascii_case("x-http-method-override"))
     {
-        return Err(ApiError::bad_request(
-            "bucketmap-sidecar refuses X-HTTP-Method-Override in a batch part: put the method \
-             in the part's request line",
-        ));
+        return Err(PartError {
+            error: ApiError::bad_request(
+                "bucketmap-sidecar refuses X-HTTP-Method-Override in a batch part: put the \
+                 method in the part's request line",
+            ),
+            refusal: Some("method_override"),
+        });
     }
     let target = parsed.path.unwrap_or("/");
     let uri: Uri = target
@@ -127,12 +165,17 @@ fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Re
         .map_err(|_| ApiError::bad_request(format!("bad URL in a batch part: {target:?}")))?;
     let path = uri.path();
     let query = uri.query();
-    let routed = route(&method, path, query, None)
-        .map_err(|e| ApiError::bad_request(format!("batch part: {e}")))?;
+    let routed = route(&method, path, query, None).map_err(|e| PartError {
+        error: ApiError::bad_request(format!("batch part: {e}")),
+        refusal: Some(e.reason()),
+    })?;
     if routed.api != Api::Json {
-        return Err(ApiError::bad_request(format!(
-            "batch parts must be JSON API requests (/storage/v1/…), not {path:?}"
-        )));
+        return Err(PartError {
+            error: ApiError::bad_request(format!(
+                "batch parts must be JSON API requests (/storage/v1/…), not {path:?}"
+            )),
+            refusal: Some("unknown_operation"),
+        });
     }
     let physical: Vec<String> = routed
         .buckets
@@ -163,7 +206,8 @@ fn translate_request(payload: &[u8], tr: &Translator<'_>) -> Result<(Vec<u8>, Re
             return Err(ApiError::bad_request(format!(
                 "bucketmap-sidecar refuses a request body on {}, which takes none",
                 routed.operation
-            )));
+            ))
+            .into());
         }
         _ => None,
     };
@@ -493,6 +537,40 @@ mod tests {
             message.as_deref().is_some_and(|m| m.contains("takes none")),
             "{message:?}"
         );
+    }
+
+    /// Parts refused as requests the sidecar does not forward carry the
+    /// reason the refusal metric counts; parts refused for their bucket or
+    /// body (not router refusals) carry none.
+    #[test]
+    fn refused_parts_report_their_refusal_reason() {
+        let m = mapping();
+        let up = upstream_base();
+        let body = "--b\r\nContent-ID: <1>\r\n\r\nGET /storage/v1//b/other/o/x HTTP/1.1\r\n\r\n\r\n\
+            --b\r\nContent-ID: <2>\r\n\r\nGET /storage/v1/b/photos/o/../../other HTTP/1.1\r\n\r\n\r\n\
+            --b\r\nContent-ID: <3>\r\n\r\nPOST /storage/v1/b/photos/o/x HTTP/1.1\r\nX-HTTP-Method-Override: DELETE\r\n\r\n\r\n\
+            --b\r\nContent-ID: <4>\r\n\r\nGET /photos/x HTTP/1.1\r\n\r\n\r\n\
+            --b\r\nContent-ID: <5>\r\n\r\nGET /storage/v1/b/unmapped/o/x HTTP/1.1\r\n\r\n\r\n\
+            --b\r\nContent-ID: <6>\r\n\r\nGET /storage/v1/b/photos/o/x HTTP/1.1\r\n\r\n\r\n\
+            --b--";
+        let plan = prepare(
+            body.as_bytes(),
+            "multipart/mixed; boundary=b",
+            &translator(&m, &up, Direction::ToPhysical),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let refusals: Vec<&str> = plan.refusals().collect();
+        assert_eq!(
+            refusals,
+            [
+                "empty_segment",
+                "dot_segment",
+                "method_override",
+                "unknown_operation"
+            ]
+        );
+        let local = plan.entries.iter().filter(|e| e.local.is_some()).count();
+        assert_eq!(local, 5, "the unmapped bucket is refused but not counted");
     }
 
     #[test]

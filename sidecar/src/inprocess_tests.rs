@@ -112,6 +112,11 @@ struct Sidecar {
 }
 
 struct Options {
+    /// The address the proxy binds (default `127.0.0.1:0`).
+    bind: &'static str,
+    /// The listen address the proxy is configured with, when it differs
+    /// from the bound one (as `--listen 127.0.0.2:0`, an ephemeral port).
+    configured_listen: Option<SocketAddr>,
     allow_physical: bool,
     advertise_url: Option<http::Uri>,
     max_metadata_bytes: usize,
@@ -122,6 +127,8 @@ struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
+            bind: "127.0.0.1:0",
+            configured_listen: None,
             allow_physical: false,
             advertise_url: None,
             max_metadata_bytes: 1024 * 1024,
@@ -141,7 +148,7 @@ fn mapping(physical: &str) -> Mapping {
 
 impl Sidecar {
     async fn start(upstream: &Upstream, options: Options) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let listener = TcpListener::bind(options.bind).await.expect("bind proxy");
         let addr = listener.local_addr().expect("addr");
         let store = Arc::new(MappingStore::new(None, Vec::new()));
         if let Some(m) = options.mapping {
@@ -151,7 +158,7 @@ impl Sidecar {
             allow_physical_names: options.allow_physical,
             max_metadata_bytes: options.max_metadata_bytes,
             upstream_timeout: None,
-            listen: addr,
+            listen: options.configured_listen.unwrap_or(addr),
             advertise_url: options.advertise_url.clone(),
         };
         let client = build_client(Duration::from_secs(5), Duration::from_secs(30)).expect("client");
@@ -1527,24 +1534,7 @@ async fn resumable_sessions_stay_behind_the_proxy() {
 /// replaces it when set.
 #[tokio::test]
 async fn links_reach_the_sidecar_whatever_the_host_header_says() {
-    let session = |req: Request<Incoming>| async move {
-        if req.uri().query().is_some_and(|q| q.contains("upload_id")) {
-            return json_response(
-                StatusCode::OK,
-                object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
-            );
-        }
-        let mut response = Response::new(empty());
-        let location = format!(
-            "https://storage.googleapis.com/upload/storage/v1/b/{PHYSICAL}/o?uploadType=resumable&upload_id=ABC"
-        );
-        response.headers_mut().insert(
-            header::LOCATION,
-            HeaderValue::from_str(&location).expect("location"),
-        );
-        response
-    };
-    let upstream = Upstream::start(handler(session)).await;
+    let upstream = Upstream::start(handler(resumable_session_upstream)).await;
     let advertised: http::Uri = "https://sidecar.example:8443".parse().expect("uri");
     let plain = Sidecar::start(&upstream, Options::default()).await;
     let advertising = Sidecar::start(
@@ -1588,6 +1578,65 @@ async fn links_reach_the_sidecar_whatever_the_host_header_says() {
     // The session URL given for a port-less Host works.
     let answer = send(request(Method::PUT, &plain.url(tail), full("data"))).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+}
+
+/// Without `--advertise-url`, links point at the local address of the
+/// connection the request came on, not at the configured listen address:
+/// with `--listen 127.0.0.2:0` (an ephemeral port) and a `Host` naming
+/// neither address nor port, the session URL still names 127.0.0.2 and the
+/// port the client connected to, and it works.
+#[tokio::test]
+async fn links_name_the_address_the_client_connected_to() {
+    let upstream = Upstream::start(handler(resumable_session_upstream)).await;
+    let sidecar = Sidecar::start(
+        &upstream,
+        Options {
+            bind: "127.0.0.2:0",
+            configured_listen: Some("127.0.0.2:0".parse().expect("addr")),
+            ..Options::default()
+        },
+    )
+    .await;
+    assert_eq!(sidecar.addr.ip().to_string(), "127.0.0.2");
+    let tail = "/upload/storage/v1/b/photos/o?uploadType=resumable&upload_id=ABC";
+    let mut init = request(
+        Method::POST,
+        &sidecar.url("/upload/storage/v1/b/photos/o?uploadType=resumable&name=x"),
+        full(r#"{"name":"x"}"#),
+    );
+    init.headers_mut()
+        .insert(header::HOST, HeaderValue::from_static("localhost"));
+    let answer = send(init).await;
+    let location = answer
+        .headers
+        .get(header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(location, sidecar.url(tail));
+    let answer = send(request(Method::PUT, &location, full("data"))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.json()["bucket"], "photos");
+}
+
+/// An upstream that opens a resumable session (`Location` at GCS's host)
+/// and completes it on the first PUT.
+async fn resumable_session_upstream(req: Request<Incoming>) -> Response<ProxyBody> {
+    if req.uri().query().is_some_and(|q| q.contains("upload_id")) {
+        return json_response(
+            StatusCode::OK,
+            object("https://storage.googleapis.com", PHYSICAL, "x", "x"),
+        );
+    }
+    let mut response = Response::new(empty());
+    let location = format!(
+        "https://storage.googleapis.com/upload/storage/v1/b/{PHYSICAL}/o?uploadType=resumable&upload_id=ABC"
+    );
+    response.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_str(&location).expect("location"),
+    );
+    response
 }
 
 #[tokio::test]
@@ -1752,6 +1801,32 @@ async fn batch_requests_are_translated_part_by_part() {
         positions.len() == 3 && positions.windows(2).all(|w| w[0] < w[1]),
         "{text}"
     );
+}
+
+/// Batch parts refused as requests the sidecar does not forward count in
+/// `bucketmap_sidecar_refused_requests_total` by reason, like top-level
+/// requests; a batch whose every part is refused reaches no upstream.
+#[tokio::test]
+async fn refused_batch_parts_count_as_refusals() {
+    let upstream = Upstream::start(echo_object_handler()).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    let body = "--b\r\nContent-Type: application/http\r\nContent-ID: <1>\r\n\r\nGET /storage/v1/b/photos/o/%2e%2e/x HTTP/1.1\r\n\r\n\r\n\
+         --b\r\nContent-Type: application/http\r\nContent-ID: <2>\r\n\r\nGET /storage/v1//b/other/o/x HTTP/1.1\r\n\r\n\r\n\
+         --b\r\nContent-Type: application/http\r\nContent-ID: <3>\r\n\r\nPOST /storage/v1/b/photos/o/x HTTP/1.1\r\nX-HTTP-Method-Override: DELETE\r\n\r\n\r\n--b--\r\n";
+    let mut req = request(Method::POST, &sidecar.url("/batch/storage/v1"), full(body));
+    req.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("multipart/mixed; boundary=b"),
+    );
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.text().matches("HTTP/1.1 400 Bad Request").count(), 3);
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+    let metrics = sidecar.metrics.encode();
+    for reason in ["dot_segment", "empty_segment", "method_override"] {
+        let line = format!("bucketmap_sidecar_refused_requests_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&line), "no {line:?} in\n{metrics}");
+    }
 }
 
 #[tokio::test]

@@ -27,7 +27,11 @@ pub fn boundary(content_type: &str) -> Option<String> {
 
 /// Splits a buffered multipart body into its parts' raw bytes (headers and
 /// content, without the line break that precedes the next delimiter).
-/// Returns `None` if the body has no opening delimiter.
+/// Returns `None` if the body has no part (no opening delimiter, or the
+/// close delimiter first), or if a part lacks
+/// the empty line that ends its headers: RFC 2046 parsers disagree on such a
+/// part (Go's mime/multipart refuses it, Python's email merges or drops it),
+/// so the sidecar refuses it rather than guess.
 pub fn split<'b>(body: &'b [u8], boundary: &str) -> Option<Vec<&'b [u8]>> {
     let delimiter = format!("--{boundary}");
     let delimiter = delimiter.as_bytes();
@@ -38,13 +42,7 @@ pub fn split<'b>(body: &'b [u8], boundary: &str) -> Option<Vec<&'b [u8]>> {
     while let Some(found) = finder.find(&body[from..]) {
         let at = from + found;
         let rest = &body[at + delimiter.len()..];
-        let padding = rest
-            .iter()
-            .take_while(|b| matches!(b, b' ' | b'\t'))
-            .count();
-        let ends_line =
-            rest.starts_with(b"--") || matches!(rest.get(padding), None | Some(b'\r' | b'\n'));
-        if (at == 0 || body[at - 1] == b'\n') && ends_line {
+        if (at == 0 || body[at - 1] == b'\n') && delimiter_line(rest, true) == Some(true) {
             starts.push(at);
         }
         from = at + delimiter.len();
@@ -67,9 +65,66 @@ pub fn split<'b>(body: &'b [u8], boundary: &str) -> Option<Vec<&'b [u8]>> {
             .copied()
             .unwrap_or(body.len())
             .max(content_start);
+        if !headers_well_formed(&body[content_start..next]) {
+            return None;
+        }
         parts.push(&body[content_start..strip_line_break(body, content_start, next)]);
     }
-    Some(parts)
+    (!parts.is_empty()).then_some(parts)
+}
+
+/// Whether `--boundary` at the start of a line, followed by `rest`, is a
+/// delimiter line (RFC 2046: an optional `--` for the close delimiter,
+/// optional blanks, then the line end, or the end of the body when `eof`).
+/// `--B--junk` and `--Bjunk` are content, as Go's mime/multipart and
+/// Python's email read them. `None`: `rest` is too short to tell yet (a
+/// streaming caller waits for more bytes; never when `eof`).
+pub(crate) fn delimiter_line(rest: &[u8], eof: bool) -> Option<bool> {
+    let rest = match rest.strip_prefix(b"--") {
+        Some(after) => after,
+        None if rest == b"-" && !eof => return None,
+        None => rest,
+    };
+    let padding = rest
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t'))
+        .count();
+    match &rest[padding..] {
+        [] | [b'\r'] if !eof => None,
+        [] => Some(true),
+        [b'\n', ..] | [b'\r', b'\n', ..] => Some(true),
+        _ => Some(false),
+    }
+}
+
+/// Whether a part (up to the next delimiter, line break included) starts
+/// with well-formed header lines (`NAME: value`, NAME an RFC 9110 token; no
+/// folded lines) ended by an empty line. Go's mime/multipart refuses other
+/// header blocks and Python's email reads them differently, so the sidecar
+/// refuses them too.
+pub(crate) fn headers_well_formed(part: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(i) = memchr::memchr(b'\n', &part[at..]) {
+        let line = &part[at..at + i];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            return true;
+        }
+        let Some(colon) = memchr::memchr(b':', line) else {
+            return false;
+        };
+        let name = &line[..colon];
+        if name.is_empty() || !name.iter().all(|&b| is_token_byte(b)) {
+            return false;
+        }
+        at += i + 1;
+    }
+    false
+}
+
+/// RFC 9110 `tchar`.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 fn strip_line_break(body: &[u8], start: usize, mut end: usize) -> usize {
@@ -162,5 +217,31 @@ mod tests {
             vec![&b"\r\nx --b y"[..]]
         );
         assert_eq!(split(b"no delimiter", "b"), None);
+    }
+
+    /// A part without the empty line that ends its headers, or with a header
+    /// line other parsers read differently, is refused.
+    #[test]
+    fn a_part_without_its_header_end_is_refused() {
+        assert_eq!(split(b"--b\r\n--b--\r\n", "b"), None);
+        assert_eq!(split(b"--b\r\nA: 1\r\n--b--\r\n", "b"), None);
+        assert_eq!(split(b"--b\r\n\r\n--b\n--b\n\nx\n--b--", "b"), None);
+        assert!(split(b"--b\r\nA: 1\r\n\r\n--b--\r\n", "b").is_some());
+        // Malformed or folded header lines.
+        for head in [":\r\n", "A B: 1\r\n", " folded\r\n", "no colon\r\n"] {
+            let body = format!("--b\r\nA: 1\r\n{head}\r\nx\r\n--b--\r\n");
+            assert_eq!(split(body.as_bytes(), "b"), None, "{head:?}");
+        }
+    }
+
+    /// `--B--junk` and `--Bjunk` are content lines, not delimiters: the
+    /// parts after them are the upstream's parts too.
+    #[test]
+    fn a_delimiter_followed_by_other_text_is_content() {
+        let body = b"--b\r\n\r\none\r\n--b--junk\r\n--bjunk\r\n--b\r\n\r\ntwo\r\n--b-- \r\n";
+        assert_eq!(
+            split(body, "b").unwrap_or_default(),
+            vec![&b"\r\none\r\n--b--junk\r\n--bjunk"[..], &b"\r\ntwo"[..]]
+        );
     }
 }

@@ -78,6 +78,12 @@ pub struct ProxySettings {
     pub advertise_url: Option<Uri>,
 }
 
+/// The local address of the connection a request arrived on, put in the
+/// request's extensions by [`crate::server::serve`]: links in responses
+/// point at it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLocalAddr(pub SocketAddr);
+
 /// Everything a request needs.
 pub struct Proxy {
     mapping: Arc<MappingStore>,
@@ -272,7 +278,8 @@ impl Proxy {
             allow_physical: allow,
             links: &self.upstream_links,
         };
-        let client_links = self.client_links(&host, routed.virtual_host.clone());
+        let local = req.extensions().get::<ConnectionLocalAddr>().map(|a| a.0);
+        let client_links = self.client_links(&host, routed.virtual_host.clone(), local);
         let to_logical = Translator {
             mapping: &mapping,
             direction: Direction::ToLogical,
@@ -309,13 +316,19 @@ impl Proxy {
     }
 
     /// Where absolute links in responses point: `--advertise-url` when set;
-    /// otherwise the listen address, whose port the client connected to.
-    /// The `Host` header is used only for its host name, and only when the
-    /// listen address does not name one (it is unspecified) or the request
-    /// is virtual-hosted (the bucket is in the host name); its port is never
-    /// used, so a `Host` without a port (the Rust SDK's) still gives links
-    /// that reach the sidecar.
-    fn client_links(&self, host: &str, virtual_host: Option<String>) -> LinkBase {
+    /// otherwise the local address of the connection the request came on
+    /// (`local`: the address and port the client connected to), or the
+    /// listen address when that is unknown. The `Host` header is used only
+    /// for its host name, and only when the request is virtual-hosted (the
+    /// bucket is in the host name) or the address is unspecified; its port is
+    /// never used, so a `Host` without a port (the Rust SDK's) still gives
+    /// links that reach the sidecar.
+    fn client_links(
+        &self,
+        host: &str,
+        virtual_host: Option<String>,
+        local: Option<SocketAddr>,
+    ) -> LinkBase {
         if let Some(url) = &self.settings.advertise_url {
             return LinkBase {
                 scheme: url.scheme_str().unwrap_or("http").to_owned(),
@@ -323,7 +336,7 @@ impl Proxy {
                 virtual_host: None,
             };
         }
-        let listen = self.settings.listen;
+        let listen = local.unwrap_or(self.settings.listen);
         let named = virtual_host.is_some() || listen.ip().is_unspecified();
         let authority = named.then(|| link_host(host)).flatten().map_or_else(
             || loopback_if_unspecified(listen).to_string(),
@@ -507,6 +520,9 @@ impl Proxy {
                 let bytes = self.read_metadata(incoming, body).await?;
                 from_client.inc_by(bytes.len() as u64);
                 let plan = batch::prepare(&bytes, &content_type, to_physical)?;
+                for reason in plan.refusals() {
+                    self.metrics.refused(reason);
+                }
                 match plan.upstream_body.clone() {
                     Some(upstream) => {
                         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(upstream.len()));

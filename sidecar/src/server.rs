@@ -13,14 +13,14 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::ServiceBuilder;
+use tower::{ServiceBuilder, ServiceExt as _};
 
 use crate::auth::Auth;
 use crate::body::{ProxyBody, full};
 use crate::config::Config;
 use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
-use crate::proxy::{Proxy, ProxySettings, build_client, readiness};
+use crate::proxy::{ConnectionLocalAddr, Proxy, ProxySettings, build_client, readiness};
 
 /// Connection-level limits.
 #[derive(Clone, Copy, Debug)]
@@ -80,7 +80,15 @@ where
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(service.clone());
+                // Links in responses point at the address this client connected to.
+                let local = stream.local_addr().ok().map(ConnectionLocalAddr);
+                let service = service.clone().map_request(move |mut req: Request<Incoming>| {
+                    if let Some(local) = local {
+                        req.extensions_mut().insert(local);
+                    }
+                    req
+                });
+                let service = TowerToHyperService::new(service);
                 let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {

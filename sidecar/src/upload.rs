@@ -12,7 +12,7 @@ use memchr::memmem;
 
 use crate::body::{BoxError, ProxyBody, boxed};
 use crate::errors::ApiError;
-use crate::multipart::boundary;
+use crate::multipart::{boundary, delimiter_line, headers_well_formed};
 
 /// Room for the delimiter and the part headers on top of the metadata limit.
 const HEADER_ALLOWANCE: usize = 16 * 1024;
@@ -134,53 +134,103 @@ impl Scan {
         closing: &[u8],
     ) -> Result<Option<(usize, usize)>, UploadError> {
         if self.opening_end.is_none() {
-            let Some(at) = memmem::find(buf, opening) else {
-                self.searched = buf.len().saturating_sub(opening.len());
+            let Some(line_end) = self.find_opening(buf, opening)? else {
                 return Ok(None);
             };
-            if at > 0
-                && buf[..at].iter().any(|b| !b.is_ascii_whitespace())
-                && !buf[..at].ends_with(b"\n")
-            {
-                return Err(UploadError::Malformed(
-                    "the body does not start with the boundary",
-                ));
-            }
-            self.opening_end = Some(at + opening.len());
-            self.searched = at + opening.len();
+            self.opening_end = Some(line_end);
+            self.searched = line_end;
         }
         let Some(opening_end) = self.opening_end else {
             return Ok(None);
         };
         if self.headers_end.is_none() {
-            let from = self.searched.max(opening_end);
+            // From the opening line's own line break: a part without headers
+            // starts with the empty line.
+            let from = self.searched.max(opening_end) - 1;
             let Some(end) = blank_line_end(buf, from) else {
                 self.searched = buf.len().saturating_sub(2).max(opening_end);
                 return Ok(None);
             };
+            // Header lines other parsers would read differently are refused.
+            if !headers_well_formed(&buf[opening_end..end]) {
+                return Err(UploadError::Malformed(
+                    "the metadata part has a malformed header line",
+                ));
+            }
             self.headers_end = Some(end);
             self.searched = end - 1; // the closing delimiter may follow an empty part
         }
         let Some(headers_end) = self.headers_end else {
             return Ok(None);
         };
-        let from = self.searched.max(headers_end.saturating_sub(1));
-        match memmem::find(&buf[from..], closing) {
-            Some(found) => {
-                let mut end = from + found;
-                if end > headers_end && buf[end - 1] == b'\r' {
-                    end -= 1;
+        Ok(self.find_closing(buf, closing, headers_end))
+    }
+
+    /// The end of the metadata content: the line break before the next
+    /// delimiter line (`\n--B`, then optional `--`, blanks, the line end).
+    fn find_closing(
+        &mut self,
+        buf: &[u8],
+        closing: &[u8],
+        headers_end: usize,
+    ) -> Option<(usize, usize)> {
+        let mut from = self.searched.max(headers_end.saturating_sub(1));
+        while let Some(found) = memmem::find(&buf[from..], closing) {
+            let at = from + found;
+            match delimiter_line(&buf[at + closing.len()..], false) {
+                Some(true) => {
+                    let mut end = at;
+                    if end > headers_end && buf[end - 1] == b'\r' {
+                        end -= 1;
+                    }
+                    return Some((headers_end, end.max(headers_end)));
                 }
-                Ok(Some((headers_end, end.max(headers_end))))
-            }
-            None => {
-                self.searched = buf
-                    .len()
-                    .saturating_sub(closing.len())
-                    .max(headers_end.saturating_sub(1));
-                Ok(None)
+                // `--B--junk` or `--Bjunk`: content, as RFC 2046 parsers read it.
+                Some(false) => from = at + 1,
+                None => {
+                    self.searched = at;
+                    return None;
+                }
             }
         }
+        self.searched = buf
+            .len()
+            .saturating_sub(closing.len())
+            .max(from)
+            .max(headers_end.saturating_sub(1));
+        None
+    }
+
+    /// The end of the opening delimiter line (`--B` at the start of a line,
+    /// then optional blanks and the line end), `None` until the buffer holds
+    /// it. Lines before it are a preamble; a close delimiter first means the
+    /// body has no parts.
+    fn find_opening(&mut self, buf: &[u8], opening: &[u8]) -> Result<Option<usize>, UploadError> {
+        let mut from = self.searched;
+        while let Some(found) = memmem::find(&buf[from..], opening) {
+            let at = from + found;
+            let rest = &buf[at + opening.len()..];
+            if at > 0 && buf[at - 1] != b'\n' {
+                from = at + 1;
+                continue;
+            }
+            match delimiter_line(rest, false) {
+                Some(true) if rest.starts_with(b"--") => {
+                    return Err(UploadError::Malformed("the body has no parts"));
+                }
+                Some(true) => {
+                    let line = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+                    return Ok(Some(at + opening.len() + line + 1));
+                }
+                Some(false) => from = at + 1,
+                None => {
+                    self.searched = at;
+                    return Ok(None);
+                }
+            }
+        }
+        self.searched = buf.len().saturating_sub(opening.len()).max(from);
+        Ok(None)
     }
 }
 
@@ -350,6 +400,59 @@ mod tests {
                 assert!(out.windows(media.len()).any(|w| w == media));
             }
         }
+    }
+
+    /// `--B--junk` and `--Bjunk` lines are content for RFC 2046 parsers, so
+    /// they neither open nor close the metadata part: the part the sidecar
+    /// checks is the part the upstream reads. Malformed header lines in the
+    /// metadata part are refused.
+    #[tokio::test]
+    async fn delimiter_look_alikes_are_content() {
+        let tail = "\r\n--xyz\r\n\r\ndata\r\n--xyz--\r\n";
+        let cases = [
+            (
+                "--xyz\r\n\r\n{\"bucket\":\"photos\"}\r\n--xyzjunk\r\n--xyz--junk",
+                "{\"bucket\":\"photos\"}\r\n--xyzjunk\r\n--xyz--junk",
+            ),
+            (
+                "--xyzjunk\r\n\r\n{\"bucket\":\"a\"}\r\n--xyz \t\r\n\r\n{\"bucket\":\"photos\"}",
+                "{\"bucket\":\"photos\"}",
+            ),
+        ];
+        for (head, metadata) in cases {
+            let body = format!("{head}{tail}");
+            for frame in [1, 3, 1000] {
+                let seen = std::sync::Mutex::new(Vec::new());
+                let result = rewrite_related(
+                    chunked(body.as_bytes(), frame),
+                    "multipart/related; boundary=xyz",
+                    1024,
+                    |part| {
+                        seen.lock().map(|mut s| s.extend_from_slice(part)).ok();
+                        Ok(None)
+                    },
+                )
+                .await;
+                assert!(result.is_ok(), "{head:?} frame {frame}");
+                let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+                assert_eq!(String::from_utf8_lossy(&seen), metadata, "frame {frame}");
+            }
+        }
+        for head in ["--xyz\r\nbad line\r\n\r\n{}", "--xyz\r\n folded\r\n\r\n{}"] {
+            let body = format!("{head}{tail}");
+            assert!(
+                matches!(
+                    run(body.into_bytes(), 4, 1024).await,
+                    Err(UploadError::Malformed(_))
+                ),
+                "{head:?}"
+            );
+        }
+        let no_parts = "--xyz--\r\n--xyz\r\n\r\n{}\r\n--xyz--";
+        assert!(matches!(
+            run(no_parts.as_bytes().to_vec(), 4, 1024).await,
+            Err(UploadError::Malformed(_))
+        ));
     }
 
     #[tokio::test]

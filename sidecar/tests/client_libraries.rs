@@ -1,7 +1,11 @@
 //! Real GCS client libraries (Python google-cloud-storage, Go
-//! cloud.google.com/go/storage, Node @google-cloud/storage) run a full
-//! scenario with logical bucket names through the sidecar; the test checks
-//! what each client saw and what landed in the physical buckets upstream.
+//! cloud.google.com/go/storage, Node @google-cloud/storage, Java
+//! com.google.cloud:google-cloud-storage with its default gzipped request
+//! bodies, and the Rust SDK's `Storage`) run a scenario with logical bucket
+//! names through the sidecar; the test checks what each client saw and what
+//! landed in the physical buckets upstream. The Rust SDK's `Storage` only
+//! reads and writes objects (small single-shot writes, a resumable write of
+//! more than 16 MiB, full and ranged reads); the rest of that SDK is gRPC.
 //!
 //! The `*_direct` tests run the same scenario straight against
 //! fake-gcs-server (logical == physical): they prove the client programs, the
@@ -31,7 +35,8 @@ fn run(client: Client, world: World) {
     let scenario = Scenario::write(world.dir(), world.map()).expect("write the scenario");
     let endpoint = world.endpoint();
     let mut checks = Checks::default();
-    match run_client(client, &endpoint, &scenario, world.dir()) {
+    let direct = world.sidecar.is_none();
+    match run_client(client, &endpoint, &scenario, world.dir(), direct) {
         Ok(report) => {
             if let Err(e) = check_report(
                 &mut checks,
@@ -91,4 +96,24 @@ fn go_client_direct() {
 #[test]
 fn node_client_direct() {
     direct(Client::Node);
+}
+
+#[test]
+fn java_client_through_sidecar() {
+    through_sidecar(Client::Java);
+}
+
+#[test]
+fn java_client_direct() {
+    direct(Client::Java);
+}
+
+#[test]
+fn rust_client_through_sidecar() {
+    through_sidecar(Client::Rust);
+}
+
+#[test]
+fn rust_client_direct() {
+    direct(Client::Rust);
 }

@@ -5,18 +5,23 @@
 #   python  a venv with google-cloud-storage   (python/requirements.txt, every dependency pinned)
 #   go      the scenario program, built         (go/go.mod + go.sum: cloud.google.com/go/storage)
 #   node    node_modules with @google-cloud/storage (node/package-lock.json, `npm ci`)
+#   java    the scenario compiled against com.google.cloud:google-cloud-storage
+#           (java/pom.xml: the version libraries-bom pins; Maven resolves the jars)
+#   rust    the scenario program built with the google-cloud-storage crate
+#           (rust/Cargo.toml + rust/Cargo.lock, `cargo build --locked`)
 #
-# Usage: install.sh [python|go|node]...   (no argument: all three)
+# Usage: install.sh [python|go|node|java|rust]...   (no argument: all five)
 #
 # Each install lives in
 #   ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/sidecar-clients/<lang>-<key>
 # where <key> hashes the pin files, the program's sources (Go) and the
 # toolchain version, so a changed pin or toolchain gets a fresh install and an
 # unchanged one is reused at no cost. Only the registries are needed (PyPI,
-# the Go module proxy, npm) on first use.
+# the Go module proxy, npm, Maven Central, crates.io) on first use.
 #
 # Prints one `lang=PATH` line per language on stdout:
 #   python=<venv>/bin/python   go=<dir>/scenario   node=<dir>/node_modules
+#   java=<dir> (classes/ and lib/*.jar)   rust=<dir>/scenario
 # Progress goes to stderr. Safe to run concurrently: each install is serialised
 # with flock and published atomically (built in a temporary directory, renamed).
 set -euo pipefail
@@ -113,13 +118,52 @@ install_node() {
   printf 'node=%s\n' "$dest/node_modules"
 }
 
+# --- java ---------------------------------------------------------------------
+# Maven only resolves the pinned jars (into its own repository in the cache);
+# javac compiles the one source file against them.
+check_java() { [[ -f "$1/classes/Scenario.class" ]] && compgen -G "$1/lib/google-cloud-storage-*.jar" >/dev/null; }
+build_java() {
+  local m2="$cache_root/m2"
+  (cd "$clients_dir/java" && mvn -B -q -Dmaven.repo.local="$m2" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$1/lib")
+  mkdir -p "$1/classes"
+  javac -encoding UTF-8 -d "$1/classes" -cp "$1/lib/*" "$clients_dir/java/src/main/java/Scenario.java"
+}
+install_java() {
+  command -v mvn >/dev/null 2>&1 || die "mvn (Maven) is required"
+  command -v javac >/dev/null 2>&1 || die "javac (a JDK, 17 or newer) is required"
+  local dest
+  dest="$cache_root/java-$(key "$clients_dir/java/pom.xml" "$clients_dir/java/src/main/java/Scenario.java" "$(javac -version 2>&1)")"
+  install_one java "$dest" check_java build_java
+  printf 'java=%s\n' "$dest"
+}
+
+# --- rust ---------------------------------------------------------------------
+# Built outside the workspace (its own Cargo.lock), in a target directory kept
+# in the cache so a changed source rebuilds only the program.
+check_rust() { [[ -x "$1/scenario" ]]; }
+build_rust() {
+  cargo build --quiet --locked --manifest-path "$clients_dir/rust/Cargo.toml" \
+    --target-dir "$cache_root/rust-target"
+  cp -- "$cache_root/rust-target/debug/scenario" "$1/scenario"
+}
+install_rust() {
+  command -v cargo >/dev/null 2>&1 || die "cargo is required"
+  local dest
+  dest="$cache_root/rust-$(key "$clients_dir/rust/Cargo.toml" "$clients_dir/rust/Cargo.lock" "$clients_dir/rust/src/main.rs" "$(cargo --version)")"
+  install_one rust "$dest" check_rust build_rust
+  printf 'rust=%s\n' "$dest/scenario"
+}
+
 langs=("$@")
-[[ ${#langs[@]} -gt 0 ]] || langs=(python go node)
+[[ ${#langs[@]} -gt 0 ]] || langs=(python go node java rust)
 for lang in "${langs[@]}"; do
   case "$lang" in
     python) install_python ;;
     go) install_go ;;
     node) install_node ;;
-    *) die "unknown client '$lang' (expected python, go or node)" ;;
+    java) install_java ;;
+    rust) install_rust ;;
+    *) die "unknown client '$lang' (expected python, go, node, java or rust)" ;;
   esac
 done
