@@ -204,12 +204,10 @@ async fn an_orphaned_bucket_leaves_the_map() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_binding_secret_of_somebody_else_is_never_touched_and_ours_is_restored() -> TestResult {
-    let f = Fixture::started().await?;
-    // A Secret of the binding's name that the operator did not make.
+/// A Secret of the binding's name of Gcs `gcs`, made by somebody else.
+async fn foreign_binding_secret(f: &Fixture, gcs: &str) -> anyhow::Result<(Api<Secret>, String)> {
     let secrets: Api<Secret> = Api::namespaced(f.client.clone(), &f.ns);
-    let name = binding_secret_name("photos");
+    let name = binding_secret_name(gcs);
     let foreign = serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": name},
@@ -222,6 +220,13 @@ async fn a_binding_secret_of_somebody_else_is_never_touched_and_ours_is_restored
             &Patch::Apply(&foreign),
         )
         .await?;
+    Ok((secrets, name))
+}
+
+#[tokio::test]
+async fn a_binding_secret_of_somebody_else_is_never_touched_and_ours_is_restored() -> TestResult {
+    let f = Fixture::started().await?;
+    let (secrets, name) = foreign_binding_secret(&f, "photos").await?;
     f.create("photos", serde_json::json!({"bucketName": "photos"}))
         .await?;
     f.wait_reason("photos", "BindingNotOwned").await?;
@@ -262,20 +267,7 @@ async fn a_binding_secret_of_somebody_else_is_never_touched_and_ours_is_restored
 #[tokio::test]
 async fn deleting_a_resource_leaves_a_foreign_secret_of_the_binding_name() -> TestResult {
     let f = Fixture::started().await?;
-    let secrets: Api<Secret> = Api::namespaced(f.client.clone(), &f.ns);
-    let name = binding_secret_name("photos");
-    let foreign = serde_json::json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name},
-        "stringData": {"bucket": "their-bucket"},
-    });
-    secrets
-        .patch(
-            &name,
-            &PatchParams::apply("platform-team"),
-            &Patch::Apply(&foreign),
-        )
-        .await?;
+    foreign_binding_secret(&f, "photos").await?;
     f.create("photos", serde_json::json!({"bucketName": "photos"}))
         .await?;
     f.wait_reason("photos", "BindingNotOwned").await?;

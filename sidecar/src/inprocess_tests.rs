@@ -194,6 +194,11 @@ impl Sidecar {
     fn url(&self, target: &str) -> String {
         format!("http://{}{target}", self.addr)
     }
+
+    /// `GET target` without a body.
+    async fn get(&self, target: &str) -> Answer {
+        send(request(Method::GET, &self.url(target), empty())).await
+    }
 }
 
 fn client() -> Client<HttpConnector, ProxyBody> {
@@ -299,7 +304,7 @@ async fn json_metadata_is_translated_both_ways() {
     let upstream = Upstream::start(echo_object_handler()).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
     let target = "/storage/v1/b/photos/o/photos-k3x9q2mw%2Fphotos%2Fa%20b.jpg?projection=full";
-    let answer = send(request(Method::GET, &sidecar.url(target), empty())).await;
+    let answer = sidecar.get(target).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
     let seen = upstream.seen();
     assert_eq!(
@@ -943,12 +948,7 @@ async fn gzip_bodies_are_decoded_before_rewriting() {
     }
     take();
 
-    let answer = send(request(
-        Method::GET,
-        &sidecar.url("/storage/v1/b/photos/o/gz"),
-        empty(),
-    ))
-    .await;
+    let answer = sidecar.get("/storage/v1/b/photos/o/gz").await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
     assert!(answer.headers.get(header::CONTENT_ENCODING).is_none());
     assert_eq!(answer.json()["bucket"], "photos");
@@ -965,12 +965,7 @@ async fn physical_names_pass_when_allowed() {
         },
     )
     .await;
-    let answer = send(request(
-        Method::GET,
-        &sidecar.url("/storage/v1/b/photos-k3x9q2mw/o/x"),
-        empty(),
-    ))
-    .await;
+    let answer = sidecar.get("/storage/v1/b/photos-k3x9q2mw/o/x").await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(
         upstream.seen()[0].target,
@@ -989,36 +984,16 @@ async fn not_ready_until_a_mapping_is_loaded() {
         },
     )
     .await;
-    let ready = send(request(
-        Method::GET,
-        &sidecar.url("/_bucketmap/readyz"),
-        empty(),
-    ))
-    .await;
+    let ready = sidecar.get("/_bucketmap/readyz").await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
-    let answer = send(request(
-        Method::GET,
-        &sidecar.url("/storage/v1/b/photos/o"),
-        empty(),
-    ))
-    .await;
+    let answer = sidecar.get("/storage/v1/b/photos/o").await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     // An empty mapping (the namespace has no Ready Gcs yet) is read: ready,
     // and a bucket name gets a GCS-style 404 that names it.
     sidecar.store.set(Mapping::default());
-    let ready = send(request(
-        Method::GET,
-        &sidecar.url("/_bucketmap/readyz"),
-        empty(),
-    ))
-    .await;
+    let ready = sidecar.get("/_bucketmap/readyz").await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
-    let answer = send(request(
-        Method::GET,
-        &sidecar.url("/storage/v1/b/photos/o"),
-        empty(),
-    ))
-    .await;
+    let answer = sidecar.get("/storage/v1/b/photos/o").await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
     assert!(
         answer.text().contains("'photos'") && answer.text().contains("Ready Gcs"),
@@ -1026,26 +1001,11 @@ async fn not_ready_until_a_mapping_is_loaded() {
         answer.text()
     );
     sidecar.store.set(mapping(PHYSICAL));
-    let ready = send(request(
-        Method::GET,
-        &sidecar.url("/_bucketmap/readyz"),
-        empty(),
-    ))
-    .await;
+    let ready = sidecar.get("/_bucketmap/readyz").await;
     assert_eq!(ready.status, StatusCode::OK);
-    let health = send(request(
-        Method::GET,
-        &sidecar.url("/_bucketmap/healthz"),
-        empty(),
-    ))
-    .await;
+    let health = sidecar.get("/_bucketmap/healthz").await;
     assert_eq!(health.status, StatusCode::OK);
-    let metrics = send(request(
-        Method::GET,
-        &sidecar.url("/_bucketmap/metrics"),
-        empty(),
-    ))
-    .await;
+    let metrics = sidecar.get("/_bucketmap/metrics").await;
     assert!(
         metrics.text().contains("bucketmap_sidecar_requests_total"),
         "{}",
@@ -1654,24 +1614,14 @@ async fn xml_api_path_and_virtual_hosted_styles() {
     }))
     .await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
-    let list = send(request(
-        Method::GET,
-        &sidecar.url("/photos?prefix=a"),
-        empty(),
-    ))
-    .await;
+    let list = sidecar.get("/photos?prefix=a").await;
     assert_eq!(
         list.text(),
         format!(
             "<?xml version='1.0' encoding='UTF-8'?><ListBucketResult><Name>photos</Name><Contents><Key>{PHYSICAL}</Key></Contents></ListBucketResult>"
         )
     );
-    let object = send(request(
-        Method::GET,
-        &sidecar.url("/photos/a/b.xml"),
-        empty(),
-    ))
-    .await;
+    let object = sidecar.get("/photos/a/b.xml").await;
     assert_eq!(object.text(), "<data/>", "object data is never rewritten");
 
     let mut vhost = request(Method::GET, &sidecar.url("/a/b.xml"), empty());
@@ -1722,12 +1672,7 @@ async fn credentials_are_added_only_when_the_client_sends_none() {
         },
     )
     .await;
-    let _ = send(request(
-        Method::GET,
-        &sidecar.url("/storage/v1/b/photos/o/x"),
-        empty(),
-    ))
-    .await;
+    let _ = sidecar.get("/storage/v1/b/photos/o/x").await;
     let mut own = request(
         Method::GET,
         &sidecar.url("/storage/v1/b/photos/o/x"),
