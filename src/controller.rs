@@ -478,11 +478,10 @@ async fn report_failure(obj: &Gcs, ctx: &Context, writer: &mut StatusWriter<'_>,
     if let Err(e) = writer.flush().await {
         warn!(error = %e, "cannot record failure in status");
     }
-    let event_reason = if reason == reason::DELETION_BLOCKED || reason == reason::BINDING_NOT_OWNED
-    {
-        reason
-    } else {
-        "ReconcileError"
+    // GCS errors share one event reason; the others name their own.
+    let event_reason = match error {
+        Error::Gcs(_) => "ReconcileError",
+        _ => reason,
     };
     ctx.event(obj, EventType::Warning, event_reason, "Reconcile", message)
         .await;
