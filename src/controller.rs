@@ -31,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::naming::{self, Identity, OWNER_LABEL};
 use crate::publish;
 use crate::settings::Settings;
+use crate::slots::{Slot, Slots};
 use crate::{Error, Result};
 
 /// Field manager of the operator's writes.
@@ -49,7 +50,7 @@ pub struct OperatorConfig {
     pub max_name_attempts: u32,
     /// Watch only this namespace (all namespaces when `None`).
     pub namespace: Option<String>,
-    /// Reconciles running at once (0: unbounded).
+    /// Reconciles doing work at once (0: unbounded); see [`crate::slots`].
     pub concurrency: u16,
     /// Minimum interval between bucket creates/deletes in one project.
     pub bucket_ops_interval: Option<Duration>,
@@ -91,6 +92,8 @@ pub struct Context {
     /// The namespace cache holds every namespace: projects can be resolved.
     namespaces_synced: Arc<std::sync::atomic::AtomicBool>,
     failures: Mutex<HashMap<ObjectRef<Gcs>, u32>>,
+    /// Reconciles doing work at once (waiting for a map write does not count).
+    slots: Slots,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -169,10 +172,14 @@ pub async fn run(
         secrets,
         namespaces_synced: Arc::default(),
         failures: Mutex::new(HashMap::new()),
+        slots: Slots::new(concurrency),
     });
 
     let controller = Controller::for_stream(gcs_stream, reader.clone())
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(Slots::controller_concurrency(concurrency)),
+        )
         // Refused map claims that may now succeed (an entry left the map).
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken));
     let store = controller.store();
@@ -280,13 +287,13 @@ pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<Gcs> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut slot = ctx.slots.acquire().await?;
     let mut status = StatusWriter::new(&obj, &ctx);
-    let writer = &mut status;
-    let context = &*ctx;
+    let (writer, context, held) = (&mut status, &*ctx, &mut slot);
     let result = finalizer(&api, FINALIZER, obj.clone(), move |event| async move {
         match event {
-            Finalizer::Apply(g) => apply(g, context, writer).await,
-            Finalizer::Cleanup(g) => cleanup(g, context, writer).await,
+            Finalizer::Apply(g) => apply(g, context, writer, held).await,
+            Finalizer::Cleanup(g) => cleanup(g, context, writer, held).await,
         }
     })
     .await
@@ -488,7 +495,12 @@ async fn report_failure(obj: &Gcs, ctx: &Context, writer: &mut StatusWriter<'_>,
 }
 
 /// Creates the bucket if needed, corrects drift, reports Ready.
-async fn apply(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> Result<Action> {
+async fn apply(
+    obj: Arc<Gcs>,
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    slot: &mut Slot,
+) -> Result<Action> {
     let requeue = Action::requeue(jitter(ctx.config.resync));
 
     if let Err(message) = naming::validate_logical_name(&obj.spec.bucket_name) {
@@ -552,7 +564,11 @@ async fn apply(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> R
     }
 
     // Publish before reporting Ready: Ready means the map has the entry.
-    let refused = match ctx.maps.publish(&obj, &physical).await? {
+    // The wait for the map write gives the work slot to another reconcile.
+    let verdict = slot
+        .released_while(ctx.maps.publish(&obj, &physical))
+        .await??;
+    let refused = match verdict {
         Verdict::Published => None,
         Verdict::Conflict(message) => Some((reason::MAPPING_CONFLICT, message)),
         Verdict::TooLarge(message) => Some((reason::MAP_FULL, message)),
@@ -724,10 +740,15 @@ async fn ensure_bucket(
 }
 
 /// Deletes the bucket per `deletionPolicy`, never one that is not ours.
-async fn cleanup(obj: Arc<Gcs>, ctx: &Context, status: &mut StatusWriter<'_>) -> Result<Action> {
+async fn cleanup(
+    obj: Arc<Gcs>,
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    slot: &mut Slot,
+) -> Result<Action> {
     let st = status.status.clone();
     // The workloads lose the name first, whatever happens to the bucket.
-    ctx.maps.unpublish(&obj).await?;
+    slot.released_while(ctx.maps.unpublish(&obj)).await??;
     publish::delete_binding(&ctx.client, &obj).await?;
     if obj.spec.deletion_policy == DeletionPolicy::Orphan {
         if let Some(physical) = &st.bucket_full_name {

@@ -25,6 +25,7 @@ pub mod mock_gcs;
 pub mod naming;
 pub mod publish;
 pub mod settings;
+pub mod slots;
 pub mod telemetry;
 pub mod testenv;
 pub mod webhook;

@@ -83,7 +83,8 @@ struct OperatorArgs {
     /// Watch only this namespace (default: all).
     #[arg(long, env = "BUCKETMAP_NAMESPACE")]
     namespace: Option<String>,
-    /// Reconciles in parallel (0: unbounded).
+    /// Reconciles doing work (GCS calls, API writes) at once; one waiting
+    /// for its namespace's map write does not count (0: unbounded).
     #[arg(long, default_value_t = 32)]
     concurrency: u16,
     /// Name of the per-namespace ConfigMap that maps logical to physical names.

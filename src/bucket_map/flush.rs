@@ -27,10 +27,9 @@ const PAUSE_PER_ENTRY: std::time::Duration = std::time::Duration::from_micros(40
 /// map (300 ms at 5000 entries with the default debounce). A write costs the
 /// API server work in proportion to the entries it carries; spacing writes
 /// in proportion too keeps a burst into a large map from costing O(N²).
-/// The share is kept small because reconciles wait for the flush in their
-/// concurrency slot: at 200 µs per entry (1.1 s at 5000) the wait, not the
-/// API server, limited N = 5000 in one namespace to about 32 Ready per
-/// second.
+/// Reconciles give their work slot back while they wait for the flush
+/// ([`crate::slots`]), so a longer pause delays them without idling the
+/// operator.
 fn pause(debounce: std::time::Duration, entries: usize) -> std::time::Duration {
     let entries = u32::try_from(entries).unwrap_or(u32::MAX);
     debounce.saturating_add(PAUSE_PER_ENTRY.saturating_mul(entries))
