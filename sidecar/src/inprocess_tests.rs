@@ -29,7 +29,7 @@ use crate::body::{BoxError, ProxyBody, empty, full};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxySettings, build_client};
-use crate::server::{ServerSettings, serve};
+use crate::server::{ServerSettings, proxy_stack, serve};
 
 const PHYSICAL: &str = "photos-k3x9q2mw";
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -73,9 +73,15 @@ impl Upstream {
                 target,
                 headers: req.headers().clone(),
             });
-            handler(req)
+            let answer = handler(req);
+            async move { Ok::<_, std::convert::Infallible>(answer.await) }
         };
-        tokio::spawn(serve(listener, settings(), serve_fn, stopped));
+        tokio::spawn(serve(
+            listener,
+            settings(),
+            tower::service_fn(serve_fn),
+            stopped,
+        ));
         Self {
             addr,
             seen,
@@ -168,19 +174,14 @@ impl Sidecar {
                 store.clone(),
                 client,
                 &upstream.url(),
-                options.auth,
                 metrics.clone(),
                 proxy_settings,
             )
             .expect("proxy"),
         );
         let (stop, stopped) = watch::channel(false);
-        let handler_proxy = proxy.clone();
-        let handler = move |req: Request<Incoming>| {
-            let proxy = handler_proxy.clone();
-            async move { proxy.handle(req).await }
-        };
-        let task = tokio::spawn(serve(listener, settings(), handler, stopped));
+        let stack = proxy_stack(proxy.clone(), options.auth);
+        let task = tokio::spawn(serve(listener, settings(), stack, stopped));
         Self {
             addr,
             metrics,

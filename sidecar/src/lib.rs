@@ -47,6 +47,7 @@ pub mod config;
 pub mod discovery;
 pub mod encoding;
 pub mod errors;
+pub mod layers;
 pub mod mapping;
 pub mod metrics;
 pub mod multipart;
