@@ -128,6 +128,7 @@ struct Options {
     max_metadata_bytes: usize,
     auth: Auth,
     mapping: Option<Mapping>,
+    upstream_timeout: Option<Duration>,
 }
 
 impl Default for Options {
@@ -140,6 +141,7 @@ impl Default for Options {
             max_metadata_bytes: 1024 * 1024,
             auth: Auth::None,
             mapping: Some(mapping(PHYSICAL)),
+            upstream_timeout: None,
         }
     }
 }
@@ -163,7 +165,7 @@ impl Sidecar {
         let proxy_settings = ProxySettings {
             allow_physical_names: options.allow_physical,
             max_metadata_bytes: options.max_metadata_bytes,
-            upstream_timeout: None,
+            upstream_timeout: options.upstream_timeout,
             listen: options.configured_listen.unwrap_or(addr),
             advertise_url: options.advertise_url.clone(),
         };
@@ -337,6 +339,38 @@ async fn json_metadata_is_translated_both_ways() {
             .and_then(|v| v.to_str().ok()),
         Some(answer.body.len().to_string()).as_deref()
     );
+}
+
+#[tokio::test]
+async fn an_upstream_slower_than_the_upstream_timeout_gets_a_gcs_style_504() {
+    // The upstream answers after 30 s; the sidecar waits 200 ms for it.
+    let upstream = Upstream::start(handler(|_req: Request<Incoming>| async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        json_response(StatusCode::OK, json!({}))
+    }))
+    .await;
+    let options = Options {
+        upstream_timeout: Some(Duration::from_millis(200)),
+        ..Options::default()
+    };
+    let sidecar = Sidecar::start(&upstream, options).await;
+    let answer = sidecar.get("/storage/v1/b/photos/o/x").await;
+    assert_eq!(
+        answer.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        answer.text()
+    );
+    let doc = answer.json();
+    assert_eq!(doc["error"]["code"], 504);
+    assert_eq!(doc["error"]["errors"][0]["reason"], "backendError");
+    assert_eq!(upstream.seen().len(), 1, "the request was forwarded");
+    let labels = crate::metrics::RequestLabels {
+        operation: "objects.get",
+        status: 504,
+    };
+    assert_eq!(sidecar.metrics.requests.get_or_create(&labels).get(), 1);
+    assert_eq!(sidecar.metrics.in_flight.get(), 0);
 }
 
 #[tokio::test]
