@@ -29,7 +29,7 @@ use crate::body::{BoxError, ProxyBody, empty, full};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxySettings, build_client};
-use crate::server::{ServerSettings, serve};
+use crate::server::{ServerSettings, proxy_stack, serve};
 
 const PHYSICAL: &str = "photos-k3x9q2mw";
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -73,9 +73,15 @@ impl Upstream {
                 target,
                 headers: req.headers().clone(),
             });
-            handler(req)
+            let answer = handler(req);
+            async move { Ok::<_, std::convert::Infallible>(answer.await) }
         };
-        tokio::spawn(serve(listener, settings(), serve_fn, stopped));
+        tokio::spawn(serve(
+            listener,
+            settings(),
+            tower::service_fn(serve_fn),
+            stopped,
+        ));
         Self {
             addr,
             seen,
@@ -122,6 +128,7 @@ struct Options {
     max_metadata_bytes: usize,
     auth: Auth,
     mapping: Option<Mapping>,
+    upstream_timeout: Option<Duration>,
 }
 
 impl Default for Options {
@@ -134,6 +141,7 @@ impl Default for Options {
             max_metadata_bytes: 1024 * 1024,
             auth: Auth::None,
             mapping: Some(mapping(PHYSICAL)),
+            upstream_timeout: None,
         }
     }
 }
@@ -157,7 +165,7 @@ impl Sidecar {
         let proxy_settings = ProxySettings {
             allow_physical_names: options.allow_physical,
             max_metadata_bytes: options.max_metadata_bytes,
-            upstream_timeout: None,
+            upstream_timeout: options.upstream_timeout,
             listen: options.configured_listen.unwrap_or(addr),
             advertise_url: options.advertise_url.clone(),
         };
@@ -168,19 +176,14 @@ impl Sidecar {
                 store.clone(),
                 client,
                 &upstream.url(),
-                options.auth,
                 metrics.clone(),
                 proxy_settings,
             )
             .expect("proxy"),
         );
         let (stop, stopped) = watch::channel(false);
-        let handler_proxy = proxy.clone();
-        let handler = move |req: Request<Incoming>| {
-            let proxy = handler_proxy.clone();
-            async move { proxy.handle(req).await }
-        };
-        let task = tokio::spawn(serve(listener, settings(), handler, stopped));
+        let stack = proxy_stack(proxy.clone(), options.auth);
+        let task = tokio::spawn(serve(listener, settings(), stack, stopped));
         Self {
             addr,
             metrics,
@@ -336,6 +339,38 @@ async fn json_metadata_is_translated_both_ways() {
             .and_then(|v| v.to_str().ok()),
         Some(answer.body.len().to_string()).as_deref()
     );
+}
+
+#[tokio::test]
+async fn an_upstream_slower_than_the_upstream_timeout_gets_a_gcs_style_504() {
+    // The upstream answers after 30 s; the sidecar waits 200 ms for it.
+    let upstream = Upstream::start(handler(|_req: Request<Incoming>| async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        json_response(StatusCode::OK, json!({}))
+    }))
+    .await;
+    let options = Options {
+        upstream_timeout: Some(Duration::from_millis(200)),
+        ..Options::default()
+    };
+    let sidecar = Sidecar::start(&upstream, options).await;
+    let answer = sidecar.get("/storage/v1/b/photos/o/x").await;
+    assert_eq!(
+        answer.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        answer.text()
+    );
+    let doc = answer.json();
+    assert_eq!(doc["error"]["code"], 504);
+    assert_eq!(doc["error"]["errors"][0]["reason"], "backendError");
+    assert_eq!(upstream.seen().len(), 1, "the request was forwarded");
+    let labels = crate::metrics::RequestLabels {
+        operation: "objects.get",
+        status: 504,
+    };
+    assert_eq!(sidecar.metrics.requests.get_or_create(&labels).get(), 1);
+    assert_eq!(sidecar.metrics.in_flight.get(), 0);
 }
 
 #[tokio::test]

@@ -1,27 +1,39 @@
 //! bucketmap-sidecar: a per-pod HTTP proxy that lets unmodified Google Cloud
 //! Storage clients use logical bucket names.
 //!
-//! A request flows through:
-//! 1. [`route`]: the raw, still percent-encoded path (and `Host`, for the XML
-//!    API's virtual-hosted style) is classified — which API, where the bucket
-//!    segments are, how the bodies are handled. Object names are never
-//!    decoded or re-encoded; only the bucket segments' byte ranges are
-//!    replaced.
-//! 2. [`mapping`]: the logical → physical map in force (an `ArcSwap`
-//!    snapshot, so a reload never disturbs a request in flight), kept current
-//!    by [`watch`].
-//! 3. [`rewrite`]: structured fields only — JSON resources by kind
-//!    ([`rewrite::json`]), XML elements ([`rewrite::xml`]), absolute links
-//!    and copy sources ([`rewrite::url`]), whole-token replacement in error
-//!    messages ([`rewrite::text`]). Requests are translated strictly (an
-//!    unknown name is refused, so a logical name never reaches GCS, where it
-//!    could be somebody else's bucket); responses leniently.
-//! 4. [`proxy`]: object data streams both ways; metadata bodies are read
-//!    whole under `--max-metadata-bytes`; `multipart/related` uploads have
-//!    their metadata part rewritten while the data streams ([`upload`]);
-//!    batches are split, translated part by part and merged back ([`batch`]).
-//! 5. [`server`]: hyper 1 (HTTP/1.1 and h2c) behind a tower concurrency
-//!    limit, graceful drain on SIGTERM.
+//! A request flows through a tower stack ([`server::proxy_stack`], layers in
+//! [`layers`]), outermost first:
+//! 1. [`layers::record`]: log lines, the `requests` metric, the in-flight
+//!    gauge, body bytes to the client.
+//! 2. [`layers::admin`]: `/_bucketmap/{healthz,readyz,metrics}`, answered by
+//!    the same [`layers::admin::Admin`] that serves the `--admin-addr`
+//!    listener.
+//! 3. [`layers::refuse`]: what cannot be rewritten is refused here (gRPC, a
+//!    bad `X-HTTP-Method-Override`, signed URLs and HMAC signatures, names
+//!    the map cannot translate). [`route`] classifies the raw, still
+//!    percent-encoded path (and `Host`, for the XML API's virtual-hosted
+//!    style) — which API, where the bucket segments are, how the bodies are
+//!    handled — once; object names are never decoded or re-encoded, only the
+//!    bucket segments' byte ranges are replaced. The bucket names are
+//!    looked up in [`mapping`]'s map in force (an `ArcSwap` snapshot, so a
+//!    reload never disturbs a request in flight), kept current by [`watch`].
+//! 4. [`layers::credentials`]: Application Default Credentials ([`auth`])
+//!    for requests without their own `Authorization`.
+//! 5. The core, [`proxy::Core`]: [`rewrite`] translates structured fields
+//!    only — JSON resources by kind ([`rewrite::json`]), XML elements
+//!    ([`rewrite::xml`]), absolute links and copy sources ([`rewrite::url`]),
+//!    whole-token replacement in error messages ([`rewrite::text`]).
+//!    Requests are translated strictly (an unknown name is refused, so a
+//!    logical name never reaches GCS, where it could be somebody else's
+//!    bucket); responses leniently. Object data streams both ways; metadata
+//!    bodies are read whole under `--max-metadata-bytes`;
+//!    `multipart/related` uploads have their metadata part rewritten while
+//!    the data streams ([`upload`]); batches are split, translated part by
+//!    part and merged back ([`batch`]). The upstream call goes through
+//!    [`layers::timeout`] (`--upstream-timeout`, to the response head).
+//!
+//! [`server`]: hyper 1 (HTTP/1.1 and h2c), a tower concurrency limit in front
+//! of the stack, graceful drain on SIGTERM.
 //!
 //! Deny by default: the JSON API's operations come from Google's discovery
 //! document ([`discovery`]); bodies are checked strictly
@@ -47,6 +59,7 @@ pub mod config;
 pub mod discovery;
 pub mod encoding;
 pub mod errors;
+pub mod layers;
 pub mod mapping;
 pub mod metrics;
 pub mod multipart;

@@ -1,12 +1,16 @@
-//! The request handler: route, translate, forward, translate back.
+//! The core of the request path ([`Core`]): a request the layers of
+//! [`crate::layers`] let through is rewritten, forwarded and its answer
+//! rewritten back.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use hyper::body::Incoming;
@@ -14,25 +18,24 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tower::{Layer as _, Service};
 
-use crate::auth::Auth;
 use crate::batch;
 use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, empty, full};
-use crate::config::INTERNAL_PREFIX;
 use crate::encoding::{Encoding, Gunzip, GunzipError, content_encoding, gunzip};
-use crate::errors::{ApiError, ErrorStyle};
+use crate::errors::ApiError;
+use crate::layers::refuse::{METHOD_OVERRIDE, Routed};
+use crate::layers::timeout::{TimeoutFuture, UpstreamError, UpstreamTimeout, UpstreamTimeoutLayer};
+use crate::layers::{BoxFuture, labelled, rejection};
 use crate::mapping::{Mapping, MappingStore};
-use crate::metrics::{Metrics, OperationLabels, RequestLabels};
+use crate::metrics::{Metrics, OperationLabels};
 use crate::rewrite::json::rewrite_json_bytes;
 use crate::rewrite::strict::check_request_json;
 use crate::rewrite::text::replace_bucket_tokens;
 use crate::rewrite::url::{rewrite_copy_source, rewrite_url};
 use crate::rewrite::xml::rewrite_xml;
-use crate::rewrite::{Direction, LinkBase, Translator, request_bucket};
-use crate::route::{
-    RequestBody, Resource, ResponseBody, Route, replace_slots, route, virtual_host_bucket,
-};
-use crate::signing::signature_kind;
+use crate::rewrite::{Direction, LinkBase, Translator};
+use crate::route::{RequestBody, Resource, ResponseBody, Route, virtual_host_bucket};
 use crate::upload;
 
 /// The pooled upstream client.
@@ -84,17 +87,19 @@ pub struct ProxySettings {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionLocalAddr(pub SocketAddr);
 
-/// Everything a request needs.
+/// What the request path shares: the map, the upstream, the metrics and
+/// the settings. The layers take their part of it in
+/// [`crate::server::proxy_stack`]; the core ([`Core`]) the rest.
 pub struct Proxy {
-    mapping: Arc<MappingStore>,
-    client: HttpClient,
+    pub(crate) mapping: Arc<MappingStore>,
+    /// The upstream client, under the upstream timeout.
+    upstream: UpstreamTimeout<HttpClient>,
     upstream_scheme: Scheme,
     upstream_authority: Authority,
     /// Where links in requests point: the upstream.
     upstream_links: LinkBase,
-    auth: Auth,
-    metrics: Arc<Metrics>,
-    settings: ProxySettings,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) settings: ProxySettings,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -107,16 +112,6 @@ impl std::fmt::Debug for Proxy {
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
-}
-
-/// A request answered by the sidecar itself.
-struct Rejection {
-    error: ApiError,
-    style: ErrorStyle,
-}
-
-fn reject(style: ErrorStyle) -> impl Fn(ApiError) -> Rejection {
-    move |error| Rejection { error, style }
 }
 
 /// Hop-by-hop headers, never forwarded in either direction.
@@ -145,7 +140,6 @@ impl Proxy {
         mapping: Arc<MappingStore>,
         client: HttpClient,
         upstream: &Uri,
-        auth: Auth,
         metrics: Arc<Metrics>,
         settings: ProxySettings,
     ) -> anyhow::Result<Self> {
@@ -164,113 +158,48 @@ impl Proxy {
             authority: upstream_authority.to_string(),
             virtual_host: None,
         };
+        let upstream = UpstreamTimeoutLayer::new(settings.upstream_timeout).layer(client);
         Ok(Self {
             mapping,
-            client,
+            upstream,
             upstream_scheme,
             upstream_authority,
             upstream_links,
-            auth,
             metrics,
             settings,
         })
     }
 
-    /// Serves one request; never fails (errors become GCS-style responses).
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<ProxyBody>
+    /// Rewrites, forwards and rewrites back one routed request; never fails
+    /// (errors become GCS-style answers, labelled for the record layer).
+    async fn forward<B>(&self, routed: Routed<B>) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
-        let started = Instant::now();
-        let method = req.method().clone();
-        // For the log lines (a `Uri` clone shares its bytes).
-        let uri = req.uri().clone();
-        let target = LogPath(uri.path());
-        let _in_flight = InFlight::new(&self.metrics);
-        let mut operation = "unrouted";
-        let response = match self.serve(req, &mut operation).await {
-            Ok(response) => response,
-            Err(Rejection { error, style }) => {
-                tracing::info!(
-                    %method,
-                    path = %target,
-                    operation,
-                    status = error.status.as_u16(),
-                    reason = error.reason,
-                    message = %error.message,
-                    "rejected"
-                );
-                error.into_response(style)
-            }
-        };
-        let status = response.status().as_u16();
-        let labels = RequestLabels { operation, status };
-        self.metrics.requests.get_or_create(&labels).inc();
-        let elapsed_ms = started.elapsed().as_millis() as u64;
-        tracing::debug!(%method, path = %target, operation, status, elapsed_ms, "served");
-        let to_client = self.metrics.to_client();
-        response.map(|body| boxed(Counted::new(body, to_client)))
+        let operation = routed.route.operation;
+        let style = routed.route.api.error_style();
+        match self.rewrite_and_send(routed).await {
+            Ok(response) => labelled(response, operation),
+            Err(error) => rejection(error, style, operation),
+        }
     }
 
-    async fn serve<B>(
-        &self,
-        req: Request<B>,
-        operation: &mut &'static str,
-    ) -> Result<Response<ProxyBody>, Rejection>
+    async fn rewrite_and_send<B>(&self, routed: Routed<B>) -> Result<Response<ProxyBody>, ApiError>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
-        let host = request_host(&req).unwrap_or_else(|| self.settings.listen.to_string());
-        let mapping = self.mapping.current();
-        let vhost = mapping
-            .as_deref()
-            .and_then(|m| virtual_host_bucket(&host, |label| m.knows(label)));
-        let path = req.uri().path().to_owned();
-        let query = req.uri().query().map(str::to_owned);
-
-        if vhost.is_none()
-            && let Some(what) = path.strip_prefix(INTERNAL_PREFIX)
-        {
-            *operation = "internal";
-            return Ok(self.internal(what));
-        }
-        if header_str(req.headers(), header::CONTENT_TYPE)
-            .is_some_and(|ct| ct.starts_with("application/grpc"))
-        {
-            *operation = "grpc";
-            return Err(Rejection {
-                error: ApiError::grpc_unsupported(),
-                style: ErrorStyle::Json,
-            });
-        }
-        let method = effective_method(req.method(), req.headers()).map_err(|error| {
-            self.metrics.refused("method_override");
-            Rejection {
-                error,
-                style: guess_style(&path),
-            }
-        })?;
-        let routed = route(&method, &path, query.as_deref(), vhost.as_deref()).map_err(|e| {
-            self.metrics.refused(e.reason());
-            Rejection {
-                error: ApiError::refused_request(&e),
-                style: guess_style(&path),
-            }
-        })?;
-        *operation = routed.operation;
-        let style = routed.api.error_style();
-        let rejected = reject(style);
-
-        if let Some(kind) = signature_kind(query.as_deref(), req.headers()) {
-            return Err(rejected(ApiError::signed_request(kind)));
-        }
-        let mapping = mapping.ok_or_else(|| rejected(ApiError::not_ready()))?;
-        let target = self
-            .upstream_target(&routed, &mapping, &path, query.as_deref())
-            .map_err(&rejected)?;
-
+        let Routed {
+            request,
+            route: routed,
+            method,
+            mapping,
+            host,
+            upstream_path,
+            credentials,
+        } = routed;
+        let target = self.upstream_uri(upstream_path)?;
         let allow = self.settings.allow_physical_names;
         let to_physical = Translator {
             mapping: &mapping,
@@ -278,7 +207,10 @@ impl Proxy {
             allow_physical: allow,
             links: &self.upstream_links,
         };
-        let local = req.extensions().get::<ConnectionLocalAddr>().map(|a| a.0);
+        let local = request
+            .extensions()
+            .get::<ConnectionLocalAddr>()
+            .map(|a| a.0);
         let client_links = self.client_links(&host, routed.virtual_host.clone(), local);
         let to_logical = Translator {
             mapping: &mapping,
@@ -287,15 +219,11 @@ impl Proxy {
             links: &client_links,
         };
 
-        let (parts, body) = req.into_parts();
-        let mut headers = self
-            .upstream_headers(&parts.headers, &routed, &to_physical)
-            .await
-            .map_err(&rejected)?;
+        let (parts, body) = request.into_parts();
+        let mut headers = upstream_headers(&parts.headers, &routed, &to_physical, credentials)?;
         let (upstream_body, batch_plan) = match self
             .upstream_body(&parts.headers, &mut headers, body, &routed, &to_physical)
-            .await
-            .map_err(&rejected)?
+            .await?
         {
             Outgoing::Body(body) => (body, None),
             Outgoing::Batch(body, plan) => (body, Some(plan)),
@@ -306,13 +234,9 @@ impl Proxy {
         *upstream_req.method_mut() = method.clone();
         *upstream_req.uri_mut() = target;
         *upstream_req.headers_mut() = headers;
-        let response = self
-            .send(upstream_req, routed.operation)
-            .await
-            .map_err(&rejected)?;
+        let response = self.send(upstream_req, routed.operation).await?;
         self.translate_response(response, &routed, &method, &to_logical, batch_plan.as_ref())
             .await
-            .map_err(&rejected)
     }
 
     /// Where absolute links in responses point: `--advertise-url` when set;
@@ -349,86 +273,14 @@ impl Proxy {
         }
     }
 
-    /// The upstream URL: the raw path with each bucket segment replaced by the
-    /// physical name (virtual-hosted requests become path style), the raw query.
-    fn upstream_target(
-        &self,
-        routed: &Route,
-        mapping: &Mapping,
-        path: &str,
-        query: Option<&str>,
-    ) -> Result<Uri, ApiError> {
-        let allow = self.settings.allow_physical_names;
-        let physical: Vec<String> = routed
-            .buckets
-            .iter()
-            .map(|slot| request_bucket(mapping, allow, &slot.name))
-            .collect::<Result<_, _>>()?;
-        let names: Vec<&str> = physical.iter().map(String::as_str).collect();
-        let mut upstream_path = replace_slots(path, &routed.buckets, &names);
-        if let Some(bucket) = &routed.virtual_host {
-            let bucket = request_bucket(mapping, allow, bucket)?;
-            upstream_path = if upstream_path == "/" {
-                format!("/{bucket}")
-            } else {
-                format!("/{bucket}{upstream_path}")
-            };
-        }
-        let path_and_query = match query {
-            Some(q) => format!("{upstream_path}?{q}"),
-            None => upstream_path,
-        };
-        let path_and_query = PathAndQuery::try_from(path_and_query)
-            .map_err(|e| ApiError::bad_request(format!("cannot build the upstream path: {e}")))?;
+    /// The upstream URL of a routed request's physical path and query.
+    fn upstream_uri(&self, path_and_query: http::uri::PathAndQuery) -> Result<Uri, ApiError> {
         Uri::builder()
             .scheme(self.upstream_scheme.clone())
             .authority(self.upstream_authority.clone())
             .path_and_query(path_and_query)
             .build()
             .map_err(|e| ApiError::bad_request(format!("cannot build the upstream URL: {e}")))
-    }
-
-    /// The client's headers minus hop-by-hop ones, with copy sources
-    /// translated and credentials added when the client sent none.
-    async fn upstream_headers(
-        &self,
-        incoming: &HeaderMap,
-        routed: &Route,
-        to_physical: &Translator<'_>,
-    ) -> Result<HeaderMap, ApiError> {
-        let mut headers = forwarded_headers(incoming);
-        for name in ["x-goog-copy-source", "x-amz-copy-source"] {
-            if let Some(value) = incoming.get(name) {
-                let value = value
-                    .to_str()
-                    .map_err(|_| ApiError::bad_request(format!("{name} is not ASCII")))?;
-                let new = rewrite_copy_source(value, to_physical)?;
-                let new = HeaderValue::from_str(&new)
-                    .map_err(|_| ApiError::bad_request(format!("{name} cannot be rewritten")))?;
-                headers.insert(HeaderName::from_static(name), new);
-            }
-        }
-        if routed.response_body != ResponseBody::Media {
-            // Metadata responses are rewritten: ask for them uncompressed.
-            headers.remove(header::ACCEPT_ENCODING);
-        }
-        if !headers.contains_key(header::AUTHORIZATION) {
-            match self.auth.headers().await {
-                Ok(Some(auth_headers)) => {
-                    for (name, value) in &auth_headers {
-                        if !headers.contains_key(name) {
-                            headers.insert(name.clone(), value.clone());
-                        }
-                    }
-                }
-                Ok(None) => {}
-                Err(detail) => {
-                    tracing::warn!(error = %detail, "cannot obtain credentials");
-                    return Err(ApiError::credentials_unavailable(&detail));
-                }
-            }
-        }
-        Ok(headers)
     }
 
     /// The request body to send: streamed, or (metadata) read, translated and
@@ -535,36 +387,34 @@ impl Proxy {
         })
     }
 
-    /// Sends upstream, timing the wait for response headers.
+    /// Sends upstream (under the upstream timeout), timing the wait for
+    /// response headers.
     async fn send(
         &self,
         request: Request<ProxyBody>,
         operation: &'static str,
     ) -> Result<Response<Incoming>, ApiError> {
         let sent = Instant::now();
-        let result = match self.settings.upstream_timeout {
-            Some(limit) => tokio::time::timeout(limit, self.client.request(request))
-                .await
-                .map_err(|_| ApiError::gateway_timeout())?,
-            None => self.client.request(request).await,
-        };
-        let labels = OperationLabels { operation };
-        self.metrics
-            .upstream_latency
-            .get_or_create(&labels)
-            .observe(sent.elapsed().as_secs_f64());
-        result.map_err(|e| {
-            if let Some(gzip) = find_source::<GunzipError>(&e) {
-                // The client's own body was bad, not the upstream.
-                return ApiError::bad_request(format!(
-                    "bucketmap-sidecar cannot read the request body (Content-Encoding: gzip): \
-                     {gzip}"
-                ));
-            }
-            let detail = error_chain(&e);
-            tracing::warn!(operation, error = %detail, "upstream request failed");
-            ApiError::bad_gateway(detail)
-        })
+        let result = self.call_upstream(request).await;
+        if !matches!(result, Err(UpstreamError::TimedOut)) {
+            let labels = OperationLabels { operation };
+            self.metrics
+                .upstream_latency
+                .get_or_create(&labels)
+                .observe(sent.elapsed().as_secs_f64());
+        }
+        result.map_err(|e| e.into_api_error(operation))
+    }
+
+    /// One call of the upstream client through the upstream timeout. The
+    /// client is always ready (hyper-util's `Client::poll_ready` is
+    /// `Ready(Ok)`), so it is called without waiting for readiness, and
+    /// through `&Client`, without a clone.
+    fn call_upstream(
+        &self,
+        request: Request<ProxyBody>,
+    ) -> TimeoutFuture<hyper_util::client::legacy::ResponseFuture> {
+        self.upstream.by_ref().call(request)
     }
 
     async fn read_metadata<B>(&self, headers: &HeaderMap, body: B) -> Result<Bytes, ApiError>
@@ -649,50 +499,66 @@ impl Proxy {
         let body = replaced_body(&mut parts.headers, bytes, new);
         Ok(Response::from_parts(parts, body))
     }
+}
 
-    fn internal(&self, what: &str) -> Response<ProxyBody> {
-        let text = |status: StatusCode, body: String, content_type: &'static str| {
-            let mut response = Response::new(full(body));
-            *response.status_mut() = status;
-            response
-                .headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-            response
-        };
-        match what {
-            "healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
-            "readyz" => readiness(&self.mapping, text),
-            "metrics" => text(
-                StatusCode::OK,
-                self.metrics.encode(),
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            ),
-            _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
-        }
+/// The core service: rewrite, forward, rewrite back (see [`Proxy`]).
+#[derive(Clone, Debug)]
+pub struct Core(pub Arc<Proxy>);
+
+impl<B> Service<Routed<B>> for Core
+where
+    B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<ProxyBody>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, routed: Routed<B>) -> Self::Future {
+        let proxy = self.0.clone();
+        Box::pin(async move { Ok(proxy.forward(routed).await) })
     }
 }
 
-/// `/readyz` of both listeners: ready once the mapping sources have been read
-/// successfully, even when they hold no entry (see [`MappingStore::is_ready`]).
-pub fn readiness<R>(
-    mapping: &MappingStore,
-    text: impl Fn(StatusCode, String, &'static str) -> R,
-) -> R {
-    match (mapping.current(), mapping.not_ready_reason()) {
-        (Some(m), _) => text(
-            StatusCode::OK,
-            format!("ready: {} buckets mapped\n", m.len()),
-            "text/plain",
-        ),
-        (None, reason) => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "not ready: {}\n",
-                reason.as_deref().unwrap_or("no mapping loaded yet")
-            ),
-            "text/plain",
-        ),
+/// The client's headers minus hop-by-hop ones, with copy sources
+/// translated, and `credentials` (from the credentials layer) added where
+/// the forwarded headers lack them.
+fn upstream_headers(
+    incoming: &HeaderMap,
+    routed: &Route,
+    to_physical: &Translator<'_>,
+    credentials: Option<HeaderMap>,
+) -> Result<HeaderMap, ApiError> {
+    let mut headers = forwarded_headers(incoming);
+    for name in ["x-goog-copy-source", "x-amz-copy-source"] {
+        if let Some(value) = incoming.get(name) {
+            let value = value
+                .to_str()
+                .map_err(|_| ApiError::bad_request(format!("{name} is not ASCII")))?;
+            let new = rewrite_copy_source(value, to_physical)?;
+            let new = HeaderValue::from_str(&new)
+                .map_err(|_| ApiError::bad_request(format!("{name} cannot be rewritten")))?;
+            headers.insert(HeaderName::from_static(name), new);
+        }
     }
+    if routed.response_body != ResponseBody::Media {
+        // Metadata responses are rewritten: ask for them uncompressed.
+        headers.remove(header::ACCEPT_ENCODING);
+    }
+    if let Some(credentials) = credentials
+        && !headers.contains_key(header::AUTHORIZATION)
+    {
+        for (name, value) in &credentials {
+            if !headers.contains_key(name) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    Ok(headers)
 }
 
 /// What a response body is, when it must be rewritten.
@@ -743,83 +609,12 @@ fn metadata_kind(
     }
 }
 
-/// A request path in a log line, cut at 256 characters.
-struct LogPath<'a>(&'a str);
-
-impl std::fmt::Display for LogPath<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0.char_indices().nth(256) {
-            Some((end, _)) => write!(f, "{}…", &self.0[..end]),
-            None => f.write_str(self.0),
-        }
-    }
-}
-
-/// Counts a request in the in-flight gauge for as long as it lives (also
-/// when the client goes away and the handler future is dropped).
-struct InFlight<'m>(&'m Metrics);
-
-impl<'m> InFlight<'m> {
-    fn new(metrics: &'m Metrics) -> Self {
-        metrics.in_flight.inc();
-        Self(metrics)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.dec();
-    }
-}
-
 /// The body to send after a rewrite (or the original), with `Content-Length` set.
 fn replaced_body(headers: &mut HeaderMap, original: Bytes, new: Option<Vec<u8>>) -> ProxyBody {
     let bytes = new.map(Bytes::from).unwrap_or(original);
     headers.remove(header::TRANSFER_ENCODING);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     full(bytes)
-}
-
-/// The header some clients (Google's Java client on `HttpURLConnection`) use
-/// to send a PATCH as a POST.
-const METHOD_OVERRIDE: &str = "x-http-method-override";
-
-/// The method a request is routed and forwarded as: `X-HTTP-Method-Override`
-/// is honoured on a POST (the upstream then gets the real method, without
-/// the header); on any other method, or given twice, or naming a method GCS
-/// does not serve, it is refused.
-fn effective_method(method: &Method, headers: &HeaderMap) -> Result<Method, ApiError> {
-    let mut values = headers.get_all(METHOD_OVERRIDE).iter();
-    let Some(value) = values.next() else {
-        return Ok(method.clone());
-    };
-    let refuse = |why: String| {
-        ApiError::bad_request(format!(
-            "bucketmap-sidecar refuses X-HTTP-Method-Override here: {why}"
-        ))
-    };
-    if values.next().is_some() {
-        return Err(refuse("it is given more than once".to_owned()));
-    }
-    if *method != Method::POST {
-        return Err(refuse(format!(
-            "it is honoured on POST only, and this is a {method}"
-        )));
-    }
-    let served = [
-        Method::GET,
-        Method::HEAD,
-        Method::POST,
-        Method::PUT,
-        Method::PATCH,
-        Method::DELETE,
-    ];
-    value
-        .to_str()
-        .ok()
-        .and_then(|v| Method::from_bytes(v.trim().as_bytes()).ok())
-        .filter(|m| served.contains(m))
-        .ok_or_else(|| refuse(format!("{value:?} is not a method GCS serves")))
 }
 
 fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
@@ -832,17 +627,40 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers the `Connection` header lists are hop-by-hop too.
-    let listed: Vec<HeaderName> = headers
+    let listed: Vec<HeaderName> = connection_listed(headers).collect();
+    for name in HOP_BY_HOP.iter().chain(&listed) {
+        headers.remove(name);
+    }
+}
+
+/// The headers the `Connection` header lists: hop-by-hop too.
+fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = HeaderName> + '_ {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in HOP_BY_HOP.iter().chain(&listed) {
-        headers.remove(name);
-    }
+}
+
+/// Whether the client's own `Authorization` reaches the upstream: it is
+/// sent, and not made hop-by-hop by the `Connection` header.
+pub(crate) fn forwards_authorization(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::AUTHORIZATION)
+        && !connection_listed(headers).any(|name| name == header::AUTHORIZATION)
+}
+
+/// The request's host (`Host`, the URI's authority, or else the configured
+/// listen address) and the bucket it names when the request is
+/// virtual-hosted (XML API: `photos.localhost:9023`).
+pub(crate) fn virtual_host<B>(
+    req: &Request<B>,
+    mapping: Option<&Mapping>,
+    listen: SocketAddr,
+) -> (String, Option<String>) {
+    let host = request_host(req).unwrap_or_else(|| listen.to_string());
+    let bucket = mapping.and_then(|m| virtual_host_bucket(&host, |label| m.knows(label)));
+    (host, bucket)
 }
 
 fn request_host<B>(req: &Request<B>) -> Option<String> {
@@ -879,53 +697,12 @@ fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-fn header_str(headers: &HeaderMap, name: HeaderName) -> Option<&str> {
+pub(crate) fn header_str(headers: &HeaderMap, name: HeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
     header_str(headers, header::CONTENT_LENGTH).and_then(|v| v.trim().parse().ok())
-}
-
-/// The error format for a request that could not be routed.
-fn guess_style(path: &str) -> ErrorStyle {
-    let json = [
-        "/storage/",
-        "/upload/",
-        "/download/",
-        "/batch/",
-        "/resumable/",
-    ];
-    if json.iter().any(|p| path.starts_with(p)) {
-        ErrorStyle::Json
-    } else {
-        ErrorStyle::Xml
-    }
-}
-
-/// The first error of type `E` in `err`'s source chain.
-fn find_source<'e, E: std::error::Error + 'static>(
-    err: &'e (dyn std::error::Error + 'static),
-) -> Option<&'e E> {
-    let mut current = Some(err);
-    while let Some(inner) = current {
-        if let Some(found) = inner.downcast_ref::<E>() {
-            return Some(found);
-        }
-        current = inner.source();
-    }
-    None
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(inner) = source {
-        out.push_str(": ");
-        out.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use http::{Request, Response, StatusCode, header};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -13,14 +13,18 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::{ServiceBuilder, ServiceExt as _};
+use tower::{Service, ServiceBuilder, ServiceExt as _};
 
 use crate::auth::Auth;
-use crate::body::{ProxyBody, full};
+use crate::body::ProxyBody;
 use crate::config::Config;
+use crate::layers::admin::{Admin, AdminLayer};
+use crate::layers::credentials::CredentialsLayer;
+use crate::layers::record::RecordLayer;
+use crate::layers::refuse::RefuseLayer;
 use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
-use crate::proxy::{ConnectionLocalAddr, Proxy, ProxySettings, build_client, readiness};
+use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings, build_client};
 
 /// Connection-level limits.
 #[derive(Clone, Copy, Debug)]
@@ -46,27 +50,57 @@ fn connection_builder(settings: ServerSettings) -> auto::Builder<TokioExecutor> 
     builder
 }
 
-/// Serves `handler` on `listener` until `shutdown` turns true, then drains
+/// The proxy listener's request path, outermost first: recording, the
+/// admin endpoints, refusal of what cannot be rewritten, credentials, and
+/// the core (route → rewrite → forward under the upstream timeout → rewrite
+/// back). See [`crate::layers`].
+pub fn proxy_stack(
+    proxy: Arc<Proxy>,
+    auth: Auth,
+) -> impl Service<
+    Request<Incoming>,
+    Response = Response<ProxyBody>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ 'static {
+    let metrics = proxy.metrics.clone();
+    let mapping = proxy.mapping.clone();
+    let listen = proxy.settings.listen;
+    let allow_physical = proxy.settings.allow_physical_names;
+    ServiceBuilder::new()
+        .layer(RecordLayer::new(metrics.clone()))
+        .layer(AdminLayer::new(
+            Admin::new(metrics.clone(), mapping.clone()),
+            listen,
+        ))
+        .layer(RefuseLayer::new(mapping, metrics, listen, allow_physical))
+        .layer(CredentialsLayer::new(auth))
+        .service(Core(proxy))
+}
+
+/// Serves `service` on `listener` until `shutdown` turns true, then drains
 /// in-flight requests for at most `settings.drain_timeout`.
-pub async fn serve<F, Fut>(
+pub async fn serve<S>(
     listener: TcpListener,
     settings: ServerSettings,
-    handler: F,
+    service: S,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()>
 where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<ProxyBody>> + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
 {
     let builder = connection_builder(settings);
     let graceful = GracefulShutdown::new();
     // One tower stack shared by every connection (clones share the limit).
     let service = ServiceBuilder::new()
         .concurrency_limit(settings.max_concurrent_requests.max(1))
-        .service_fn(move |req: Request<Incoming>| {
-            let handler = handler.clone();
-            async move { Ok::<_, Infallible>(handler(req).await) }
-        });
+        .service(service);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -108,37 +142,6 @@ where
         }
     }
     Ok(())
-}
-
-/// The admin listener (`--admin-addr`): `/healthz`, `/readyz`, `/metrics`.
-/// It never proxies, so it may listen on the pod IP, where the kubelet
-/// probes and Prometheus scrapes, while the proxy stays on loopback.
-pub fn metrics_handler(
-    metrics: Arc<Metrics>,
-    mapping: Arc<MappingStore>,
-) -> impl Fn(Request<Incoming>) -> std::future::Ready<Response<ProxyBody>> + Clone + Send + Sync + 'static
-{
-    move |req: Request<Incoming>| {
-        let text = |status: StatusCode, body: String, content_type: &'static str| {
-            let mut response = Response::new(full(body));
-            *response.status_mut() = status;
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                http::HeaderValue::from_static(content_type),
-            );
-            response
-        };
-        std::future::ready(match req.uri().path() {
-            "/metrics" => text(
-                StatusCode::OK,
-                metrics.encode(),
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            ),
-            "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
-            "/readyz" => readiness(&mapping, text),
-            _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
-        })
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -192,7 +195,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store.clone(),
         client,
         &config.upstream,
-        auth,
         metrics.clone(),
         settings,
     )?);
@@ -234,15 +236,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::spawn(serve(
             listener,
             server_settings,
-            metrics_handler(metrics.clone(), store.clone()),
+            // The admin listener never proxies.
+            Admin::new(metrics.clone(), store.clone()),
             stopped.clone(),
         ))
     });
-    let handler = move |req: Request<Incoming>| {
-        let proxy = proxy.clone();
-        async move { proxy.handle(req).await }
-    };
-    let main_server = tokio::spawn(serve(listener, server_settings, handler, stopped));
+    let main_server = tokio::spawn(serve(
+        listener,
+        server_settings,
+        proxy_stack(proxy, auth),
+        stopped,
+    ));
 
     termination().await;
     let _ = stop.send(true);

@@ -1,0 +1,167 @@
+//! The request path as a tower stack of small layers around one core
+//! service ([`crate::proxy::Core`]), composed in [`crate::server::proxy_stack`]:
+//!
+//! 1. [`record`]: the log lines, the `requests` metric, the in-flight gauge
+//!    and the count of body bytes sent to the client;
+//! 2. [`admin`]: `/_bucketmap/{healthz,readyz,metrics}` (the same
+//!    [`admin::Admin`] serves the `--admin-addr` listener);
+//! 3. [`refuse`]: refuses what cannot be rewritten (gRPC, a bad
+//!    `X-HTTP-Method-Override`, shapes the router does not know, signed
+//!    URLs and HMAC signatures, names the map cannot translate), and hands
+//!    the routed request on as a [`refuse::Routed`];
+//! 4. [`credentials`]: Application Default Credentials for requests whose
+//!    own `Authorization` does not reach the upstream;
+//! 5. the core: rewrite, forward through [`timeout`] (the upstream call's
+//!    time limit), rewrite back.
+//!
+//! Layers below [`record`] tell it what they did through the response's
+//! extensions: the [`Operation`] label and, for answers the sidecar gave
+//! itself, [`Rejected`].
+
+pub mod admin;
+pub mod credentials;
+pub mod record;
+pub mod refuse;
+pub mod timeout;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::Response;
+
+use crate::body::ProxyBody;
+use crate::errors::{ApiError, ErrorStyle};
+
+/// The operation label of a response (metrics and logs), set by the layer
+/// that answered; a response without one is `unrouted`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Operation(pub &'static str);
+
+/// Marks an error the sidecar answered itself, with what its log line says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The GCS-style answer to a request the sidecar refuses or cannot serve,
+/// labelled for [`record`].
+pub fn rejection(
+    error: ApiError,
+    style: ErrorStyle,
+    operation: &'static str,
+) -> Response<ProxyBody> {
+    let rejected = Rejected {
+        reason: error.reason,
+        message: error.message.clone(),
+    };
+    let mut response = error.into_response(style);
+    response.extensions_mut().insert(Operation(operation));
+    response.extensions_mut().insert(rejected);
+    response
+}
+
+/// A response labelled with its operation, for [`record`].
+pub fn labelled<B>(mut response: Response<B>, operation: &'static str) -> Response<B> {
+    response.extensions_mut().insert(Operation(operation));
+    response
+}
+
+/// A boxed future, for layers whose work is asynchronous.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// One of two futures with the same output: a layer that answers itself
+    /// or calls its inner service, without boxing either.
+    #[project = EitherProj]
+    pub enum Either<A, B> {
+        Left { #[pin] future: A },
+        Right { #[pin] future: B },
+    }
+}
+
+impl<A, B> Either<A, B> {
+    pub fn left(future: A) -> Self {
+        Self::Left { future }
+    }
+
+    pub fn right(future: B) -> Self {
+        Self::Right { future }
+    }
+}
+
+impl<A, B> Future for Either<A, B>
+where
+    A: Future,
+    B: Future<Output = A::Output>,
+{
+    type Output = A::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<A::Output> {
+        match self.project() {
+            EitherProj::Left { future } => future.poll(cx),
+            EitherProj::Right { future } => future.poll(cx),
+        }
+    }
+}
+
+/// Shared by the layers' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::Response;
+    use http_body_util::BodyExt as _;
+
+    use crate::body::{ProxyBody, full};
+
+    /// An inner service that counts its calls and answers 200 `inner`,
+    /// labelled `inner`.
+    #[derive(Clone, Default)]
+    pub(crate) struct Counting(Arc<AtomicUsize>);
+
+    impl<R> tower::Service<R> for Counting {
+        type Response = Response<ProxyBody>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Response<ProxyBody>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: R) -> Self::Future {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let response = super::labelled(Response::new(full("inner")), "inner");
+            std::future::ready(Ok(response))
+        }
+    }
+
+    /// A [`Counting`] service and its count.
+    pub(crate) fn counting() -> (Arc<AtomicUsize>, Counting) {
+        let service = Counting::default();
+        (service.0.clone(), service)
+    }
+
+    pub(crate) fn calls(counter: &AtomicUsize) -> usize {
+        counter.load(Ordering::SeqCst)
+    }
+
+    pub(crate) async fn body(response: Response<ProxyBody>) -> Bytes {
+        match response.into_body().collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(err) => panic!("cannot read the body: {err}"),
+        }
+    }
+
+    pub(crate) fn operation<B>(response: &Response<B>) -> Option<&'static str> {
+        response
+            .extensions()
+            .get::<super::Operation>()
+            .map(|op| op.0)
+    }
+}

@@ -1,0 +1,474 @@
+//! Refusal of requests the sidecar cannot rewrite, before anything is read
+//! or forwarded: the gRPC API, a bad `X-HTTP-Method-Override`, shapes the
+//! router does not know (deny by default), signed URLs and HMAC signatures
+//! (their signature covers the bucket name), and bucket names the map in
+//! force cannot translate (no map loaded yet, an unknown name, a refused
+//! physical name). What passes is routed once and handed on as a [`Routed`]
+//! request.
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{self, HeaderMap};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response};
+use tower::{Layer, Service};
+
+use super::{Either, rejection};
+use crate::body::ProxyBody;
+use crate::errors::{ApiError, ErrorStyle};
+use crate::mapping::{Mapping, MappingStore};
+use crate::metrics::Metrics;
+use crate::proxy::{header_str, virtual_host};
+use crate::rewrite::request_bucket;
+use crate::route::{Route, replace_slots, route};
+use crate::signing::signature_kind;
+
+/// A request the sidecar can rewrite, with what routing found.
+#[derive(Debug)]
+pub struct Routed<B> {
+    pub request: Request<B>,
+    pub route: Route,
+    /// The method routed and forwarded (`X-HTTP-Method-Override` applied).
+    pub method: Method,
+    /// The map the request is translated with, from start to end.
+    pub mapping: Arc<Mapping>,
+    /// The `Host` (or the listen address): links in responses may use it.
+    pub host: String,
+    /// The raw path with physical bucket names (virtual-hosted requests
+    /// made path style), and the raw query.
+    pub upstream_path: PathAndQuery,
+    /// Headers to add upstream when the request's own `Authorization` does
+    /// not reach it (set by [`super::credentials`]).
+    pub credentials: Option<HeaderMap>,
+}
+
+/// Refuses what cannot be rewritten; routes the rest.
+#[derive(Clone, Debug)]
+pub struct RefuseLayer {
+    mapping: Arc<MappingStore>,
+    metrics: Arc<Metrics>,
+    /// The address the listener was configured with: the host of a request
+    /// without `Host`.
+    listen: SocketAddr,
+    allow_physical_names: bool,
+}
+
+impl RefuseLayer {
+    pub fn new(
+        mapping: Arc<MappingStore>,
+        metrics: Arc<Metrics>,
+        listen: SocketAddr,
+        allow_physical_names: bool,
+    ) -> Self {
+        Self {
+            mapping,
+            metrics,
+            listen,
+            allow_physical_names,
+        }
+    }
+
+    /// The routed request, or why it is refused (counted in
+    /// `refused_requests` when the router refused it).
+    fn check<B>(&self, req: Request<B>) -> Result<Routed<B>, Refusal> {
+        let mapping = self.mapping.current();
+        let (host, bucket) = virtual_host(&req, mapping.as_deref(), self.listen);
+        let (path, query) = (req.uri().path(), req.uri().query());
+        if header_str(req.headers(), header::CONTENT_TYPE)
+            .is_some_and(|ct| ct.starts_with("application/grpc"))
+        {
+            return Err(Refusal::new(
+                ApiError::grpc_unsupported(),
+                ErrorStyle::Json,
+                "grpc",
+            ));
+        }
+        let method = effective_method(req.method(), req.headers()).map_err(|error| {
+            self.metrics.refused("method_override");
+            Refusal::new(error, guess_style(path), "unrouted")
+        })?;
+        let routed = route(&method, path, query, bucket.as_deref()).map_err(|e| {
+            self.metrics.refused(e.reason());
+            Refusal::new(ApiError::refused_request(&e), guess_style(path), "unrouted")
+        })?;
+        let refuse = |error| Refusal::new(error, routed.api.error_style(), routed.operation);
+        if let Some(kind) = signature_kind(query, req.headers()) {
+            return Err(refuse(ApiError::signed_request(kind)));
+        }
+        let mapping = mapping.ok_or_else(|| refuse(ApiError::not_ready()))?;
+        let upstream_path =
+            physical_path(&routed, &mapping, self.allow_physical_names, path, query)
+                .map_err(refuse)?;
+        Ok(Routed {
+            request: req,
+            route: routed,
+            method,
+            mapping,
+            host,
+            upstream_path,
+            credentials: None,
+        })
+    }
+}
+
+/// Why a request is refused, and how to say it.
+struct Refusal {
+    error: ApiError,
+    style: ErrorStyle,
+    operation: &'static str,
+}
+
+impl Refusal {
+    fn new(error: ApiError, style: ErrorStyle, operation: &'static str) -> Self {
+        Self {
+            error,
+            style,
+            operation,
+        }
+    }
+}
+
+impl<S> Layer<S> for RefuseLayer {
+    type Service = Refuse<S>;
+
+    fn layer(&self, inner: S) -> Refuse<S> {
+        Refuse {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// See [`RefuseLayer`].
+#[derive(Clone, Debug)]
+pub struct Refuse<S> {
+    inner: S,
+    layer: RefuseLayer,
+}
+
+impl<S, B> Service<Request<B>> for Refuse<S>
+where
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = Infallible>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Either<Ready<Result<Response<ProxyBody>, Infallible>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        match self.layer.check(req) {
+            Ok(routed) => Either::right(self.inner.call(routed)),
+            Err(Refusal {
+                error,
+                style,
+                operation,
+            }) => Either::left(ready(Ok(rejection(error, style, operation)))),
+        }
+    }
+}
+
+/// The upstream path: the raw path with each bucket segment replaced by the
+/// physical name (virtual-hosted requests become path style), the raw query.
+fn physical_path(
+    routed: &Route,
+    mapping: &Mapping,
+    allow: bool,
+    path: &str,
+    query: Option<&str>,
+) -> Result<PathAndQuery, ApiError> {
+    let physical: Vec<String> = routed
+        .buckets
+        .iter()
+        .map(|slot| request_bucket(mapping, allow, &slot.name))
+        .collect::<Result<_, _>>()?;
+    let names: Vec<&str> = physical.iter().map(String::as_str).collect();
+    let mut upstream_path = replace_slots(path, &routed.buckets, &names);
+    if let Some(bucket) = &routed.virtual_host {
+        let bucket = request_bucket(mapping, allow, bucket)?;
+        upstream_path = if upstream_path == "/" {
+            format!("/{bucket}")
+        } else {
+            format!("/{bucket}{upstream_path}")
+        };
+    }
+    let path_and_query = match query {
+        Some(q) => format!("{upstream_path}?{q}"),
+        None => upstream_path,
+    };
+    PathAndQuery::try_from(path_and_query)
+        .map_err(|e| ApiError::bad_request(format!("cannot build the upstream path: {e}")))
+}
+
+/// The header some clients (Google's Java client on `HttpURLConnection`) use
+/// to send a PATCH as a POST.
+pub const METHOD_OVERRIDE: &str = "x-http-method-override";
+
+/// The method a request is routed and forwarded as: `X-HTTP-Method-Override`
+/// is honoured on a POST (the upstream then gets the real method, without
+/// the header); on any other method, or given twice, or naming a method GCS
+/// does not serve, it is refused.
+fn effective_method(method: &Method, headers: &HeaderMap) -> Result<Method, ApiError> {
+    let mut values = headers.get_all(METHOD_OVERRIDE).iter();
+    let Some(value) = values.next() else {
+        return Ok(method.clone());
+    };
+    let refuse = |why: String| {
+        ApiError::bad_request(format!(
+            "bucketmap-sidecar refuses X-HTTP-Method-Override here: {why}"
+        ))
+    };
+    if values.next().is_some() {
+        return Err(refuse("it is given more than once".to_owned()));
+    }
+    if *method != Method::POST {
+        return Err(refuse(format!(
+            "it is honoured on POST only, and this is a {method}"
+        )));
+    }
+    let served = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+    ];
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| Method::from_bytes(v.trim().as_bytes()).ok())
+        .filter(|m| served.contains(m))
+        .ok_or_else(|| refuse(format!("{value:?} is not a method GCS serves")))
+}
+
+/// The error format for a request that could not be routed.
+fn guess_style(path: &str) -> ErrorStyle {
+    let json = [
+        "/storage/",
+        "/upload/",
+        "/download/",
+        "/batch/",
+        "/resumable/",
+    ];
+    if json.iter().any(|p| path.starts_with(p)) {
+        ErrorStyle::Json
+    } else {
+        ErrorStyle::Xml
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use http::HeaderValue;
+    use tower::{ServiceExt as _, service_fn};
+
+    use super::*;
+    use crate::layers::labelled;
+    use crate::layers::testing::{body, calls, counting, operation};
+    use crate::metrics::ReasonLabels;
+
+    const PHYSICAL: &str = "photos-k3x9q2mw";
+
+    fn layer(mapped: bool) -> (RefuseLayer, Arc<Metrics>) {
+        let store = Arc::new(MappingStore::new(None, Vec::new()));
+        if mapped {
+            let entries = [("photos".to_owned(), PHYSICAL.to_owned())];
+            store.set(Mapping::new(entries).unwrap_or_else(|e| panic!("{e}")));
+        }
+        let metrics = Arc::new(Metrics::new());
+        let listen = SocketAddr::from(([127, 0, 0, 1], 9023));
+        (
+            RefuseLayer::new(store, metrics.clone(), listen, false),
+            metrics,
+        )
+    }
+
+    fn request(
+        method: Method,
+        target: &str,
+        headers: &[(&'static str, &'static str)],
+    ) -> Request<()> {
+        let mut req = Request::new(());
+        *req.method_mut() = method;
+        *req.uri_mut() = target.parse().unwrap_or_else(|e| panic!("{target}: {e}"));
+        for (name, value) in headers {
+            req.headers_mut()
+                .append(*name, HeaderValue::from_static(value));
+        }
+        req
+    }
+
+    fn refused(metrics: &Metrics, reason: &'static str) -> u64 {
+        metrics
+            .refusals
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    /// Sends `req` through the layer around a counting inner service:
+    /// the answer, and whether the inner service was called.
+    async fn refuse(layer: &RefuseLayer, req: Request<()>) -> (Response<ProxyBody>, bool) {
+        let (inner_calls, inner) = counting();
+        let Ok(response) = layer.layer(inner).oneshot(req).await;
+        (response, calls(&inner_calls) > 0)
+    }
+
+    #[tokio::test]
+    async fn what_cannot_be_rewritten_never_reaches_the_core() {
+        let (layer, metrics) = layer(true);
+        let get = |target| request(Method::GET, target, &[]);
+        let cases = [
+            // (request, status, operation, refusal reason counted)
+            (
+                request(
+                    Method::POST,
+                    "/google.storage.v2.Storage/ReadObject",
+                    &[("content-type", "application/grpc")],
+                ),
+                400,
+                "grpc",
+                None,
+            ),
+            (
+                request(
+                    Method::GET,
+                    "/storage/v1/b/photos/o",
+                    &[("x-http-method-override", "DELETE")],
+                ),
+                400,
+                "unrouted",
+                Some("method_override"),
+            ),
+            (
+                get("/storage/v9/nothing"),
+                400,
+                "unrouted",
+                Some("unknown_operation"),
+            ),
+            (
+                get("/storage/v1/b/photos/o/x?X-Goog-Signature=ab"),
+                400,
+                "objects.get",
+                None,
+            ),
+            (
+                request(
+                    Method::GET,
+                    "/photos/x",
+                    &[("authorization", "GOOG1 key:sig")],
+                ),
+                400,
+                "xml.object.get",
+                None,
+            ),
+            (get("/storage/v1/b/nope/o/x"), 404, "objects.get", None),
+            (
+                get(&format!("/storage/v1/b/{PHYSICAL}/o/x")),
+                403,
+                "objects.get",
+                None,
+            ),
+        ];
+        for (req, status, op, reason) in cases {
+            let what = format!("{} {}", req.method(), req.uri());
+            let counted = reason.map(|r| refused(&metrics, r));
+            let (response, called) = refuse(&layer, req).await;
+            assert!(!called, "{what}: the core was called");
+            assert_eq!(response.status().as_u16(), status, "{what}");
+            assert_eq!(operation(&response), Some(op), "{what}");
+            assert!(
+                response
+                    .extensions()
+                    .get::<super::super::Rejected>()
+                    .is_some(),
+                "{what}"
+            );
+            if let (Some(reason), Some(before)) = (reason, counted) {
+                assert_eq!(refused(&metrics, reason), before + 1, "{what}: {reason}");
+            }
+        }
+        // Signed requests and unknown names are answered, not counted as
+        // refused shapes.
+        let total: u64 = ["method_override", "unknown_operation"]
+            .iter()
+            .map(|r| refused(&metrics, r))
+            .sum();
+        assert_eq!(total, 2);
+    }
+
+    #[tokio::test]
+    async fn without_a_map_a_routed_request_is_not_ready() {
+        let (layer, _) = layer(false);
+        let (response, called) =
+            refuse(&layer, request(Method::GET, "/storage/v1/b/photos/o", &[])).await;
+        assert!(!called);
+        assert_eq!(response.status(), 503);
+        assert_eq!(operation(&response), Some("objects.list"));
+        let text = String::from_utf8_lossy(&body(response).await).into_owned();
+        assert!(text.contains("backendNotReady"), "{text}");
+    }
+
+    /// What the core was handed.
+    type Handed = Arc<Mutex<Vec<(Method, String, String, &'static str)>>>;
+
+    async fn hand_on(layer: &RefuseLayer, req: Request<()>) -> Handed {
+        let handed = Handed::default();
+        let keep = handed.clone();
+        let inner = service_fn(move |routed: Routed<()>| {
+            if let Ok(mut seen) = keep.lock() {
+                seen.push((
+                    routed.method.clone(),
+                    routed.upstream_path.to_string(),
+                    routed.host.clone(),
+                    routed.route.operation,
+                ));
+            }
+            let response = labelled(Response::new(crate::body::empty()), "inner");
+            std::future::ready(Ok::<_, Infallible>(response))
+        });
+        let Ok(response) = layer.layer(inner).oneshot(req).await;
+        assert_eq!(operation(&response), Some("inner"));
+        handed
+    }
+
+    #[tokio::test]
+    async fn a_rewritable_request_is_routed_once_and_handed_on() {
+        let (layer, _) = layer(true);
+        let req = request(
+            Method::POST,
+            "/storage/v1/b/photos/o/x%2Fy?alt=json",
+            &[("x-http-method-override", "PATCH")],
+        );
+        let handed = hand_on(&layer, req).await;
+        let seen = handed.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(
+            seen,
+            [(
+                Method::PATCH,
+                format!("/storage/v1/b/{PHYSICAL}/o/x%2Fy?alt=json"),
+                "127.0.0.1:9023".to_owned(),
+                "objects.patch",
+            )]
+        );
+        // Virtual-hosted (XML API): the bucket moves into the path.
+        let req = request(
+            Method::GET,
+            "/a/b.txt",
+            &[("host", "photos.localhost:9023")],
+        );
+        let handed = hand_on(&layer, req).await;
+        let seen = handed.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].1, format!("/{PHYSICAL}/a/b.txt"));
+        assert_eq!(seen[0].2, "photos.localhost:9023");
+    }
+}
