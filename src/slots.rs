@@ -58,7 +58,8 @@ impl Slots {
     }
 
     /// Slots free right now.
-    pub fn available(&self) -> usize {
+    #[cfg(test)]
+    fn available(&self) -> usize {
         self.0.available_permits()
     }
 }
