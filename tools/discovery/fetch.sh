@@ -21,7 +21,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 python3 -m pip download --quiet --no-deps "$package==$version" -d "$work" >&2
-wheel="$(find "$work" -name '*.whl' | head -n1)"
+wheel="$(find "$work" -name '*.whl' -print -quit)"
 [[ -n "$wheel" ]] || { echo "no wheel downloaded for $package==$version" >&2; exit 1; }
 python3 - "$wheel" "$member" "$dest/storage.v1.json" <<'PY'
 import sys, zipfile
