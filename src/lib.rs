@@ -6,28 +6,27 @@
 //! - [`settings`]: desired vs observed bucket settings (drift);
 //! - [`gcs`]: bucket operations through the official `google-cloud-storage` crate;
 //! - [`controller`]: the reconciler;
-//! - [`metrics`], [`telemetry`]: operations;
-//! - [`testenv`], [`mock_gcs`]: a real local control plane and an in-memory
-//!   GCS, used by the tests, the benchmark and `bucketmap dev`.
+//! - [`metrics`], [`telemetry`]: operations.
+//!
+//! This crate is the product only. The local control plane and the mock GCS
+//! the tests use are in `testkit/`; `cargo dev` (the embedded default, the
+//! benchmark) is in `devtools/`.
 
-pub mod bench;
+#![forbid(unsafe_code)]
+
 pub mod bucket_map;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
-pub mod demo;
-pub mod dev;
 pub mod events;
 pub mod gcs;
 pub mod leader;
 pub mod metrics;
-pub mod mock_gcs;
 pub mod naming;
 pub mod publish;
 pub mod settings;
 pub mod slots;
 pub mod telemetry;
-pub mod testenv;
 pub mod webhook;
 
 /// Chooses the process-wide rustls crypto provider. Both ring (kube-rs) and

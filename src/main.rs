@@ -1,4 +1,6 @@
-//! The `bucketmap` command: the operator and its tools.
+//! The `bucketmap` command: the operator, and the CRD it serves. Developer
+//! tooling (the local control plane, the benchmark, the mock GCS) lives in
+//! `devtools/` (`cargo dev`) and is not part of this binary.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,16 +44,6 @@ enum Command {
     Operator(Box<OperatorArgs>),
     /// Print the CustomResourceDefinition (deploy/crd.yaml is this output).
     Crd,
-    /// Start a local control plane and mock GCS, run the operator, apply examples/.
-    Dev(DevArgs),
-    /// Measure the operator at scale against the mock GCS on a local control plane.
-    Bench(bucketmap::bench::BenchArgs),
-    /// Serve the in-memory mock GCS (google.storage.v2 gRPC) until interrupted.
-    MockGcs {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:9090")]
-        listen: SocketAddr,
-    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -152,27 +144,6 @@ struct OperatorArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-}
-
-#[derive(Args, Debug)]
-struct DevArgs {
-    #[command(flatten)]
-    gcs: GcsArgs,
-    /// Also write the local control plane's kubeconfig here.
-    #[arg(long)]
-    kubeconfig_out: Option<PathBuf>,
-    /// Directory of manifests to apply.
-    #[arg(long, default_value = "examples")]
-    examples: PathBuf,
-    /// Project for resources that name none.
-    #[arg(long, default_value = "bucketmap-dev")]
-    default_project: String,
-    /// Exit once the examples are Ready instead of running until interrupted.
-    #[arg(long)]
-    exit_when_ready: bool,
-    /// Only the control plane: no sidecar, emulator or example app.
-    #[arg(long)]
-    no_sidecar: bool,
 }
 
 fn operator_config(args: &OperatorArgs) -> OperatorConfig {
@@ -330,29 +301,9 @@ async fn main() -> anyhow::Result<()> {
     bucketmap::install_crypto_provider();
     match cli.command {
         Command::Operator(args) => run_operator(*args).await,
-        Command::Bench(args) => bucketmap::bench::bench(args).await,
         Command::Crd => {
             let yaml = serde_yaml::to_string(&Gcs::crd()).context("cannot render the CRD")?;
             print!("{yaml}");
-            Ok(())
-        }
-        Command::Dev(args) => {
-            bucketmap::dev::run(bucketmap::dev::DevOptions {
-                gcs_endpoint: args.gcs.gcs_endpoint,
-                gcs_anonymous: args.gcs.gcs_anonymous,
-                kubeconfig_out: args.kubeconfig_out,
-                examples: args.examples,
-                default_project: args.default_project,
-                exit_when_ready: args.exit_when_ready,
-                no_sidecar: args.no_sidecar,
-            })
-            .await
-        }
-        Command::MockGcs { listen } => {
-            let mock = bucketmap::mock_gcs::MockGcs::start_on(listen).await?;
-            println!("mock GCS listening on {}", mock.endpoint());
-            shutdown_signal().await;
-            mock.shutdown().await;
             Ok(())
         }
     }

@@ -13,7 +13,7 @@ type TestResult = anyhow::Result<()>;
 
 /// GET on the operator's metrics and probes listener.
 async fn get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    bucketmap::demo::http(addr, "GET", path, "").await
+    bucketmap_testkit::http::get(addr, path).await
 }
 
 #[tokio::test]
@@ -64,9 +64,12 @@ async fn operator_command_serves_probes_and_metrics_and_stops_on_sigterm() -> Te
     );
 
     let pid = child.id().context("operator exited early")?;
-    // SAFETY: sending a signal to our own child process.
-    let rc = unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    assert_eq!(rc, 0);
+    // Delivered with kill(1), as an init system or a person would.
+    let sent = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await?;
+    assert!(sent.success(), "kill -TERM {pid} failed");
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await??;
     assert!(status.success(), "operator exited with {status}");
     Ok(())

@@ -16,7 +16,7 @@ const LEASE: &str = "bucketmap-operator";
 
 async fn metric(port: u16, name: &str) -> anyhow::Result<f64> {
     let addr = format!("127.0.0.1:{port}");
-    let (_, text) = bucketmap::demo::http(&addr, "GET", "/metrics", "").await?;
+    let (_, text) = bucketmap_testkit::http::get(&addr, "/metrics").await?;
     Ok(text
         .lines()
         .find(|l| l.starts_with(name))

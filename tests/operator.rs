@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use bucketmap::crd::Gcs;
-use bucketmap::mock_gcs::{Fault, proto};
 use bucketmap::naming::{self, Identity, MANAGED_BY_LABEL, OWNER_LABEL};
+use bucketmap_testkit::mock_gcs::{Fault, proto};
 use common::{Fixture, PROJECT, physical, uid};
 use kube::ResourceExt;
 

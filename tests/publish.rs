@@ -122,7 +122,7 @@ async fn ready_buckets_are_published_and_unpublished_leaving_other_keys_alone() 
 #[tokio::test]
 async fn only_ready_buckets_are_listed() -> TestResult {
     let f = Fixture::new().await?;
-    f.gcs.add_fault(bucketmap::mock_gcs::Fault::new(
+    f.gcs.add_fault(bucketmap_testkit::mock_gcs::Fault::new(
         "CreateBucket",
         tonic::Code::PermissionDenied,
     ));

@@ -19,12 +19,13 @@ use bucketmap::controller::{self, OperatorConfig};
 use bucketmap::crd::Gcs;
 use bucketmap::gcs::{GcsClient, GcsConfig};
 use bucketmap::metrics::Metrics;
-use bucketmap::mock_gcs::MockGcs;
-use bucketmap::testenv::{self, TestEnv};
+use bucketmap_testkit::mock_gcs::MockGcs;
+use bucketmap_testkit::testenv::{self, TestEnv};
 use common::http::Request;
 use common::mapping_dir::MappingDir;
 use common::procs::{FakeGcs, Sidecar, clients, run_with_timeout};
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::CustomResourceExt as _;
 use kube::api::{Api, PostParams};
 
 /// Waits until the namespace's bucket map has an entry for `logical`.
@@ -87,7 +88,7 @@ async fn two_namespaces_with_the_same_logical_name_reach_their_own_buckets_only(
         .context("python client not installed")?;
     let env = TestEnv::start().await?;
     let client = env.client().await?;
-    bucketmap::dev::install_crd(&client).await?;
+    bucketmap_testkit::testenv::install_crd(&client, &bucketmap::crd::Gcs::crd()).await?;
     let mock = MockGcs::start().await?;
     let metrics = Arc::new(Metrics::default());
     let gcs = GcsClient::connect(

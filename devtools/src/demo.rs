@@ -9,7 +9,7 @@
 //! written to files the way the kubelet mounts the ConfigMap.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -18,15 +18,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use tokio::process::{Child, Command};
 
-/// Where the repository's scripts are (this crate's source tree).
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
-}
+use bucketmap_testkit::free_port;
+use bucketmap_testkit::http::request as http;
 
 /// Runs an install script of the repository and returns its last stdout line.
 async fn install(script: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("bash")
-        .arg(repo_path(script))
+        .arg(bucketmap_testkit::repo_path(script))
         .args(args)
         .stderr(Stdio::inherit())
         .output()
@@ -38,43 +36,6 @@ async fn install(script: &str, args: &[&str]) -> anyhow::Result<String> {
         .last()
         .map(str::to_owned)
         .with_context(|| format!("{script} printed nothing"))
-}
-
-/// A minimal HTTP/1.0 request on loopback; returns (status, body).
-pub async fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))?;
-    let request = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("no HTTP status from {addr}"))?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-/// A loopback port that was free a moment ago.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 async fn wait_http(addr: &str, path: &str, what: &str) -> anyhow::Result<()> {
@@ -101,7 +62,6 @@ pub struct Demo {
     pub sidecar_url: String,
     /// fake-gcs-server's address (host:port).
     pub data_plane: String,
-    pub namespace: String,
 }
 
 impl Drop for Demo {
@@ -195,7 +155,7 @@ pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> an
         })
     };
 
-    let sidecar_bin = sidecar_binary().await?;
+    let sidecar_bin = crate::binaries::sibling("bucketmap-sidecar", "bucketmap-sidecar").await?;
     let sidecar_addr = format!("127.0.0.1:{}", free_port()?);
     let sidecar = Command::new(&sidecar_bin)
         .args([
@@ -220,40 +180,7 @@ pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> an
         _dir: dir,
         sidecar_url: format!("http://{sidecar_addr}"),
         data_plane,
-        namespace: namespace.to_owned(),
     })
-}
-
-/// The `bucketmap-sidecar` binary next to this one, built if missing.
-async fn sidecar_binary() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("cannot find this binary")?;
-    let sibling = exe.with_file_name("bucketmap-sidecar");
-    if !sibling.exists() {
-        let profile = exe
-            .parent()
-            .and_then(|p| p.file_name())
-            .and_then(|p| p.to_str())
-            == Some("release");
-        let mut build = Command::new("cargo");
-        build.args([
-            "build",
-            "--quiet",
-            "-p",
-            "bucketmap-sidecar",
-            "--bin",
-            "bucketmap-sidecar",
-        ]);
-        if profile {
-            build.arg("--release");
-        }
-        let status = build
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .await
-            .context("cannot run cargo to build bucketmap-sidecar")?;
-        anyhow::ensure!(status.success(), "building bucketmap-sidecar failed");
-    }
-    Ok(sibling)
 }
 
 impl Demo {
@@ -288,7 +215,7 @@ impl Demo {
         let python = install("sidecar/tests/clients/install.sh", &["python"]).await?;
         let python = python.strip_prefix("python=").unwrap_or(&python).to_owned();
         let out = Command::new(python)
-            .arg(repo_path("examples/app/photo_app.py"))
+            .arg(bucketmap_testkit::repo_path("examples/app/photo_app.py"))
             .arg(logical)
             .env("STORAGE_EMULATOR_HOST", &self.sidecar_url)
             .output()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use crate::testenv::{self, TestEnv};
+use bucketmap_testkit::testenv::{self, TestEnv};
 
 /// `bucketmap operator` as a child process, watching every namespace.
 pub struct Operator {
@@ -22,8 +22,8 @@ impl Operator {
         gcs_endpoint: &str,
         resync: Duration,
     ) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("cannot find the bucketmap binary")?;
-        let port = crate::demo::free_port()?;
+        let exe = crate::binaries::sibling("bucketmap", "bucketmap").await?;
+        let port = bucketmap_testkit::free_port()?;
         let mut command = tokio::process::Command::new(exe);
         command
             .args(["operator", "--gcs-anonymous"])
@@ -77,7 +77,7 @@ impl Operator {
     }
 
     async fn metrics(&self) -> anyhow::Result<String> {
-        let (status, text) = crate::demo::http(&self.metrics_addr, "GET", "/metrics", "").await?;
+        let (status, text) = bucketmap_testkit::http::get(&self.metrics_addr, "/metrics").await?;
         anyhow::ensure!(status == 200, "operator metrics answered {status}");
         Ok(text)
     }

@@ -28,7 +28,7 @@
 //! a cold start takes a few seconds.
 //!
 //! ```no_run
-//! use bucketmap::testenv::{TestEnv, create_namespace};
+//! use bucketmap_testkit::testenv::{TestEnv, create_namespace};
 //! # async fn demo() -> anyhow::Result<()> {
 //! let env = TestEnv::start().await?;
 //! let client = env.client().await?;
@@ -52,9 +52,10 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
-    Api,
-    api::{ObjectMeta, PostParams},
+    Api, ResourceExt as _,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
@@ -78,7 +79,7 @@ const LOG_TAIL_LINES: usize = 40;
 
 /// The Go module the binaries are built from; the cache directory name is
 /// derived from its pinned versions, exactly like `install.sh` does.
-const TOOLS_GO_MOD: &str = include_str!("../tools/envtest/go.mod");
+const TOOLS_GO_MOD: &str = include_str!("../../tools/envtest/go.mod");
 /// Line etcd logs once its client listener is bound and serving.
 const ETCD_READY_MESSAGE: &str = "ready to serve client requests";
 /// Name of the binaries an assets directory must hold.
@@ -329,7 +330,7 @@ fn install_script(override_path: Option<OsString>) -> PathBuf {
     match override_path.filter(|p| !p.is_empty()).map(PathBuf::from) {
         Some(path) if path.is_dir() => path.join("install.sh"),
         Some(path) => path,
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/envtest/install.sh"),
+        None => crate::repo_path("tools/envtest/install.sh"),
     }
 }
 
@@ -935,6 +936,36 @@ async fn kube_config_from_yaml(yaml: &str) -> Result<kube::Config> {
     // Loopback never goes through HTTPS_PROXY.
     config.proxy_url = None;
     Ok(config)
+}
+
+/// The field manager of [`install_crd`] (the operator's own, as when the
+/// chart installs the CRD with it).
+const FIELD_MANAGER: &str = "bucketmap";
+
+/// Installs (server-side applies) a CRD, e.g. `Gcs::crd()`, and waits until
+/// it is served.
+pub async fn install_crd(
+    client: &kube::Client,
+    crd: &CustomResourceDefinition,
+) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .with_context(|| format!("cannot apply CRD {name}"))?;
+    let established = kube::runtime::wait::conditions::is_crd_established();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        kube::runtime::wait::await_condition(api, &name, established),
+    )
+    .await
+    .with_context(|| format!("CRD {name} not established within 30 s"))?
+    .with_context(|| format!("cannot watch CRD {name}"))?;
+    Ok(())
 }
 
 #[cfg(test)]

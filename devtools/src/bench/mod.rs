@@ -18,11 +18,12 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use kube::CustomResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
-use crate::crd::Gcs;
-use crate::mock_gcs::{MockGcs, MockHandle};
-use crate::testenv::{self, TestEnv};
+use bucketmap::crd::Gcs;
+use bucketmap_testkit::mock_gcs::{MockGcs, MockHandle};
+use bucketmap_testkit::testenv::{self, TestEnv};
 
 /// N resources spread evenly over K namespaces, written `NxK`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +95,7 @@ struct Report {
 pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     tokio::select! {
         result = run(args) => result,
-        signal = crate::termination_signal() => {
+        signal = bucketmap::termination_signal() => {
             // Returning drops the run: its children are killed on drop.
             anyhow::bail!("{signal}: benchmark interrupted; stopped everything it started")
         }
@@ -124,7 +125,7 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
     );
     let env = TestEnv::start().await?;
     let client = env.client().await?;
-    crate::dev::install_crd(&client).await?;
+    bucketmap_testkit::testenv::install_crd(&client, &Gcs::crd()).await?;
     let mock = MockGcs::start().await?;
     let gcs = mock.handle();
 

@@ -1,4 +1,4 @@
-//! `bucketmap bench` stopped by SIGTERM or ctrl-c ends everything it
+//! `cargo dev bench` stopped by SIGTERM or ctrl-c ends everything it
 //! started: the control plane and the operator process it spawned.
 
 use std::collections::BTreeSet;
@@ -44,7 +44,7 @@ fn command_of(pid: u32) -> String {
 }
 
 async fn interrupted_bench_leaves_nothing(signal: i32) -> TestResult {
-    let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+    let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap-dev"))
         .args(["bench", "--shapes", "200x1", "--no-steady-state"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

@@ -1,0 +1,68 @@
+//! `bucketmap-dev` (`cargo dev`): the developer tooling of bucketmap, kept
+//! out of the shipped operator. With no command it runs the embedded
+//! default: a local control plane, the mock GCS, the operator in-process,
+//! `examples/` and the sidecar demo.
+
+mod bench;
+mod binaries;
+mod crd;
+mod demo;
+mod dev;
+
+use std::net::SocketAddr;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "bucketmap-dev",
+    about = "bucketmap's developer tooling: the embedded default (`cargo dev`), the benchmark, the mock GCS",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Options of the default command (`up`).
+    #[command(flatten)]
+    up: dev::DevArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The embedded default (what `cargo dev` alone runs): a local control
+    /// plane (or --existing-cluster), mock GCS, the operator, examples/ and
+    /// the sidecar demo.
+    Up(dev::DevArgs),
+    /// Measure the operator at scale against the mock GCS on a local control plane.
+    Bench(bench::BenchArgs),
+    /// Serve the in-memory mock GCS (google.storage.v2 gRPC) until interrupted.
+    MockGcs {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: SocketAddr,
+    },
+    /// Write the CRD generated from the Rust types to deploy/crd.yaml and the
+    /// Helm chart's crds/ (or, with --check, fail if either is stale).
+    Crd(crd::CrdArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    bucketmap::telemetry::init(bucketmap::telemetry::LogFormat::Text);
+    bucketmap::install_crypto_provider();
+    match cli.command {
+        None => dev::run(cli.up).await,
+        Some(Command::Up(args)) => dev::run(args).await,
+        Some(Command::Bench(args)) => bench::bench(args).await,
+        Some(Command::Crd(args)) => crd::run(&args),
+        Some(Command::MockGcs { listen }) => {
+            let mock = bucketmap_testkit::mock_gcs::MockGcs::start_on(listen).await?;
+            println!("mock GCS listening on {}", mock.endpoint());
+            let signal = bucketmap::termination_signal().await;
+            tracing::info!(signal, "shutting down");
+            mock.shutdown().await;
+            Ok(())
+        }
+    }
+}

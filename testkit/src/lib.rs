@@ -1,0 +1,39 @@
+//! The test kit of bucketmap: what the tests, the benchmark and `cargo dev`
+//! run the operator and the sidecar against. Never a dependency of the
+//! product (a test checks that the operator's dependency tree lacks it).
+//!
+//! - [`testenv`]: a real local control plane (kube-apiserver + etcd);
+//! - [`mock_gcs`]: an in-memory `google.storage.v2` gRPC server with fault
+//!   injection;
+//! - [`http`]: a small loopback HTTP client (hyper) for probes and metrics;
+//! - [`free_port`], [`repo_path`]: fixtures shared by the test suites.
+
+pub mod http;
+pub mod mock_gcs;
+pub mod testenv;
+
+use std::path::PathBuf;
+
+/// A path inside this repository (the workspace root), for the scripts in
+/// `tools/` and the manifests in `deploy/` and `examples/`. Meant for tests
+/// and developer tools run from a checkout, never for a shipped binary.
+pub fn repo_path(relative: &str) -> PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    root.parent().unwrap_or(root).join(relative)
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Chooses the process-wide rustls crypto provider (ring) if none is chosen
+/// yet: kube-rs and the Google crates link two, so rustls cannot choose.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race against another installer is fine: any provider works.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
