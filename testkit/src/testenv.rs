@@ -232,23 +232,114 @@ pub async fn create_namespace(client: &kube::Client, prefix: &str) -> Result<Str
 
 /// Returns a directory holding the `kube-apiserver` and `etcd` binaries.
 ///
-/// In order: `KUBEBUILDER_ASSETS` when set (an error if it lacks a binary);
-/// the cache directory
-/// `${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/envtest/k8s-<v>-etcd-<v>`
-/// when complete; otherwise the last stdout line of `tools/envtest/install.sh`
-/// (found next to this crate's sources, or in `$BUCKETMAP_ENVTEST_TOOLS`,
-/// which may name the script or its directory), which builds the binaries.
-/// That build takes minutes and is shared by concurrent callers.
+/// In order, the first that holds both:
+/// 1. `KUBEBUILDER_ASSETS` when set (an error if it lacks a binary);
+/// 2. the cache `setup-envtest` fills,
+///    `${XDG_DATA_HOME:-$HOME/.local/share}/kubebuilder-envtest/k8s/<version>-<os>-<arch>`,
+///    for the pinned Kubernetes version, else the newest patch release of
+///    the same minor version (see [`setup_envtest_dir`]);
+/// 3. this project's cache
+///    `${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/envtest/k8s-<v>-etcd-<v>`;
+/// 4. otherwise the last stdout line of `tools/envtest/install.sh` (or
+///    `$BUCKETMAP_ENVTEST_TOOLS`, the script or its directory), which builds
+///    the binaries from pinned Go modules. That takes minutes and is shared
+///    by concurrent callers; what was searched and how to skip the build
+///    next time is printed first.
 pub fn assets_dir() -> Result<PathBuf> {
     if let Some(dir) = kubebuilder_assets(std::env::var_os("KUBEBUILDER_ASSETS"))? {
+        tracing::info!(dir = %dir.display(), "control-plane binaries from KUBEBUILDER_ASSETS");
         return Ok(dir);
     }
-    let cached = cached_assets_dir(|name| std::env::var_os(name), home::home_dir())?;
+    let env = |name: &str| std::env::var_os(name);
+    let (kubernetes, _) = pinned_versions(TOOLS_GO_MOD)?;
+    let setup_envtest = setup_envtest_root(env, home::home_dir());
+    if let Some(dir) = setup_envtest
+        .as_deref()
+        .and_then(|root| setup_envtest_dir(root, &kubernetes))
+    {
+        tracing::info!(dir = %dir.display(), "control-plane binaries from setup-envtest's cache");
+        return Ok(dir);
+    }
+    let cached = cached_assets_dir(env, home::home_dir())?;
     if missing_binaries(&cached).is_empty() {
         return Ok(cached);
     }
+    eprintln!(
+        "{}",
+        build_notice(&kubernetes, setup_envtest.as_deref(), &cached)
+    );
     let script = install_script(std::env::var_os("BUCKETMAP_ENVTEST_TOOLS"));
     run_install_script(&script)
+}
+
+/// What was searched before building, and how to skip the build next time.
+fn build_notice(kubernetes: &str, setup_envtest: Option<&Path>, cached: &Path) -> String {
+    let minor = kubernetes
+        .trim_start_matches('v')
+        .rsplitn(2, '.')
+        .last()
+        .unwrap_or(kubernetes);
+    let searched = setup_envtest
+        .map(|d| format!("{}/k8s/{minor}.*-{}", d.display(), platform()))
+        .unwrap_or_else(|| "setup-envtest's cache (no home directory)".into());
+    format!(
+        "kube-apiserver and etcd {kubernetes} were not found (KUBEBUILDER_ASSETS is unset; \
+         searched {searched} and {}): building them from the Go modules pinned in \
+         tools/envtest/go.mod (several minutes, once; cached afterwards). To skip the \
+         build, point KUBEBUILDER_ASSETS at a directory holding both binaries, or run \
+         `setup-envtest use {minor}.x` (sigs.k8s.io/controller-runtime/tools/setup-envtest).",
+        cached.display()
+    )
+}
+
+/// `setup-envtest`'s data directory: `$XDG_DATA_HOME/kubebuilder-envtest`,
+/// else `~/.local/share/kubebuilder-envtest`.
+fn setup_envtest_root(
+    env: impl Fn(&str) -> Option<OsString>,
+    home: Option<PathBuf>,
+) -> Option<PathBuf> {
+    let data = match env("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => home?.join(".local").join("share"),
+    };
+    Some(data.join("kubebuilder-envtest"))
+}
+
+/// `<os>-<arch>` as setup-envtest names its directories (`linux-amd64`).
+fn platform() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    format!("{}-{arch}", std::env::consts::OS)
+}
+
+/// The setup-envtest directory under `root` for Kubernetes `pinned`
+/// (`v1.34.1`): `k8s/1.34.1-<os>-<arch>` when complete, else the newest
+/// complete patch release of the same minor version. Another minor version
+/// is never taken: the tests rely on the pinned API server's behaviour.
+fn setup_envtest_dir(root: &Path, pinned: &str) -> Option<PathBuf> {
+    let pinned = pinned.trim_start_matches('v');
+    let (minor, _) = pinned.rsplit_once('.')?;
+    let suffix = format!("-{}", platform());
+    let patch_of = |name: &str| -> Option<u32> {
+        let version = name.strip_suffix(&suffix)?;
+        let (m, patch) = version.rsplit_once('.')?;
+        (m == minor).then(|| patch.parse().ok()).flatten()
+    };
+    let k8s = root.join("k8s");
+    let exact = k8s.join(format!("{pinned}{suffix}"));
+    if missing_binaries(&exact).is_empty() {
+        return Some(exact);
+    }
+    std::fs::read_dir(&k8s)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| Some((patch_of(&name)?, k8s.join(name))))
+        .filter(|(_, dir)| missing_binaries(dir).is_empty())
+        .max_by_key(|(patch, _)| *patch)
+        .map(|(_, dir)| dir)
 }
 
 /// Validates a `KUBEBUILDER_ASSETS` value: `None` when unset or empty,
@@ -1016,6 +1107,87 @@ mod tests {
             kubebuilder_assets(Some(dir.path().into())).unwrap(),
             Some(dir.path().to_path_buf())
         );
+    }
+
+    /// A setup-envtest store under `root` with `versions` (`1.34.1`), each
+    /// complete unless listed in `incomplete`.
+    fn envtest_store(root: &Path, versions: &[&str], incomplete: &[&str]) {
+        for v in versions {
+            let dir = root.join("k8s").join(format!("{v}-{}", platform()));
+            std::fs::create_dir_all(&dir).unwrap();
+            executable(&dir.join("kube-apiserver"));
+            if !incomplete.contains(v) {
+                executable(&dir.join("etcd"));
+            }
+        }
+    }
+
+    #[test]
+    fn setup_envtest_cache_prefers_the_pinned_version() {
+        let root = tempfile::tempdir().unwrap();
+        envtest_store(root.path(), &["1.34.1", "1.34.3", "1.35.0"], &[]);
+        let found = setup_envtest_dir(root.path(), "v1.34.1").unwrap();
+        assert_eq!(
+            found,
+            root.path().join(format!("k8s/1.34.1-{}", platform()))
+        );
+    }
+
+    #[test]
+    fn setup_envtest_cache_falls_back_to_the_newest_complete_patch_of_the_minor() {
+        let root = tempfile::tempdir().unwrap();
+        envtest_store(
+            root.path(),
+            &["1.34.2", "1.34.10", "1.34.11", "1.35.0", "1.3.99"],
+            &["1.34.11"],
+        );
+        let found = setup_envtest_dir(root.path(), "v1.34.1").unwrap();
+        assert_eq!(
+            found,
+            root.path().join(format!("k8s/1.34.10-{}", platform()))
+        );
+    }
+
+    #[test]
+    fn setup_envtest_cache_never_takes_another_minor_version() {
+        let root = tempfile::tempdir().unwrap();
+        envtest_store(root.path(), &["1.33.5", "1.35.0"], &[]);
+        assert_eq!(setup_envtest_dir(root.path(), "v1.34.1"), None);
+        assert_eq!(
+            setup_envtest_dir(&root.path().join("absent"), "v1.34.1"),
+            None
+        );
+    }
+
+    #[test]
+    fn setup_envtest_root_follows_xdg_data_home() {
+        let home = Some(PathBuf::from("/home/u"));
+        let xdg = |name: &str| (name == "XDG_DATA_HOME").then(|| OsString::from("/d"));
+        assert_eq!(
+            setup_envtest_root(xdg, home.clone()),
+            Some(PathBuf::from("/d/kubebuilder-envtest"))
+        );
+        assert_eq!(
+            setup_envtest_root(|_| None, home),
+            Some(PathBuf::from("/home/u/.local/share/kubebuilder-envtest"))
+        );
+        assert_eq!(setup_envtest_root(|_| None, None), None);
+    }
+
+    #[test]
+    fn build_notice_names_what_was_searched_and_how_to_skip_the_build() {
+        let notice = build_notice(
+            "v1.34.1",
+            Some(Path::new("/s")),
+            Path::new("/c/envtest/k8s"),
+        );
+        assert!(
+            notice.contains(&format!("/s/k8s/1.34.*-{}", platform())),
+            "{notice}"
+        );
+        assert!(notice.contains("/c/envtest/k8s"), "{notice}");
+        assert!(notice.contains("KUBEBUILDER_ASSETS"), "{notice}");
+        assert!(notice.contains("setup-envtest use 1.34.x"), "{notice}");
     }
 
     #[test]
