@@ -1,0 +1,68 @@
+//! The shipped operator holds only the product: its command lists no
+//! developer tooling, and neither the test kit nor the developer tooling (nor
+//! the mock's code generator) is in its dependency tree. Needs only Rust.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use anyhow::Context as _;
+
+/// The subcommands `bucketmap --help` lists.
+fn listed_commands() -> anyhow::Result<BTreeSet<String>> {
+    let out = Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+        .arg("--help")
+        .output()
+        .context("cannot run bucketmap --help")?;
+    anyhow::ensure!(out.status.success(), "bucketmap --help failed: {out:?}");
+    let help = String::from_utf8(out.stdout)?;
+    let commands = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    Ok(commands)
+}
+
+#[test]
+fn the_operator_binary_lists_no_developer_command() -> anyhow::Result<()> {
+    let commands = listed_commands()?;
+    let expected: BTreeSet<String> = ["operator", "crd", "help"].map(String::from).into();
+    assert_eq!(commands, expected);
+    Ok(())
+}
+
+#[test]
+fn the_product_depends_on_no_test_kit_or_developer_tooling() -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let tree = |package: &str| -> anyhow::Result<BTreeSet<String>> {
+        let out = Command::new(&cargo)
+            .args(["tree", "--offline", "--locked", "-p", package])
+            .args(["-e", "normal,build", "--prefix", "none", "--format", "{p}"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .context("cannot run cargo tree")?;
+        anyhow::ensure!(out.status.success(), "cargo tree -p {package}: {out:?}");
+        Ok(String::from_utf8(out.stdout)?
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect())
+    };
+    for product in ["bucketmap", "bucketmap-sidecar"] {
+        let crates = tree(product)?;
+        assert!(crates.contains(product), "{product}: {crates:?}");
+        for scaffolding in [
+            "bucketmap-testkit",
+            "bucketmap-devtools",
+            "tonic-build",
+            "proptest",
+        ] {
+            assert!(
+                !crates.contains(scaffolding),
+                "{product} depends on {scaffolding}"
+            );
+        }
+    }
+    Ok(())
+}
