@@ -674,7 +674,9 @@ impl Drop for Process {
 
 /// Asks Linux to SIGKILL the child when the thread that spawned it dies, so a
 /// crashed or killed test never leaves a control plane running.
+/// The only `unsafe` in the workspace (the lints forbid it elsewhere).
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
 pub fn die_with_parent(command: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only calls
     // prctl, which is async-signal-safe, and allocates nothing.
