@@ -148,9 +148,12 @@ fn default_true() -> bool {
     true
 }
 
-/// Default storage class of a bucket.
+/// Default storage class of a bucket: STANDARD, NEARLINE, COLDLINE or
+/// ARCHIVE (GCS's classes, by falling access frequency and storage price).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "UPPERCASE")]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs)]
 pub enum StorageClass {
     #[default]
     Standard,
@@ -226,7 +229,9 @@ pub struct SoftDeletePolicy {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct LifecycleRule {
+    /// What happens to the objects the condition selects.
     pub action: LifecycleAction,
+    /// Which objects the action applies to; every field given must match.
     pub condition: LifecycleCondition,
 }
 
@@ -235,14 +240,19 @@ pub struct LifecycleRule {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("(self.type == 'SetStorageClass') == has(self.storageClass)").message("lifecycle action storageClass is required for SetStorageClass and not allowed otherwise"))]
 pub struct LifecycleAction {
+    /// The action: Delete, SetStorageClass or AbortIncompleteMultipartUpload.
     #[serde(rename = "type")]
     pub kind: LifecycleActionType,
+    /// The class objects move to; required for SetStorageClass only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class: Option<StorageClass>,
 }
 
-/// Lifecycle action kinds supported by GCS.
+/// Lifecycle action kinds supported by GCS: delete the object, change its
+/// storage class, or abort an incomplete multipart (XML API) upload.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs)]
 pub enum LifecycleActionType {
     Delete,
     SetStorageClass,
@@ -335,6 +345,7 @@ pub struct GcsStatus {
 /// Reference to a Service Binding Secret in the same namespace.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
 pub struct BindingReference {
+    /// Name of the Secret.
     pub name: String,
 }
 

@@ -23,6 +23,7 @@ pub struct Events {
 }
 
 impl Events {
+    /// Events reported as `reporter` (the operator's controller and instance).
     pub fn new(client: kube::Client, reporter: Reporter) -> Self {
         Events {
             recorder: Recorder::new(client.clone(), reporter.clone()),

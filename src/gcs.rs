@@ -51,9 +51,13 @@ pub enum GcsErrorKind {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("cannot {operation} bucket {bucket}: {kind:?}: {message}")]
 pub struct GcsError {
+    /// What kind of failure, which decides the reaction and the status reason.
     pub kind: GcsErrorKind,
+    /// The `google.storage.v2` method (`CreateBucket`, `GetBucket`, ...).
     pub operation: &'static str,
+    /// The physical bucket the call was about.
     pub bucket: String,
+    /// GCS's own message.
     pub message: String,
 }
 

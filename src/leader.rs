@@ -16,7 +16,9 @@ use tracing::info;
 /// Where the lease lives and how long it lasts.
 #[derive(Debug, Clone)]
 pub struct LeaderElection {
+    /// Namespace of the Lease.
     pub namespace: String,
+    /// Name of the Lease.
     pub lease_name: String,
     /// Unique per replica (the pod name in a cluster).
     pub identity: String,

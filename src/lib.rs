@@ -74,7 +74,9 @@ pub enum Error {
     /// A Kubernetes API call failed.
     #[error("cannot {action}: {source}")]
     Kube {
+        /// What was attempted, in words ("patch status", ...).
         action: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },

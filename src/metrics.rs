@@ -205,11 +205,13 @@ impl Drop for ReconcileMeasurer<'_> {
 /// Shared state of the HTTP endpoints.
 #[derive(Clone, Debug)]
 pub struct Health {
+    /// The registry `/metrics` renders.
     pub metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
 }
 
 impl Health {
+    /// Alive and not ready (until [`Health::set_ready`]).
     pub fn new(metrics: Arc<Metrics>) -> Self {
         Health {
             metrics,

@@ -25,8 +25,11 @@ const ALPHABET: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
 /// Identity of a `Gcs` resource, the input of its physical name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity<'a> {
+    /// The resource's namespace.
     pub namespace: &'a str,
+    /// The resource's name.
     pub name: &'a str,
+    /// The resource's `metadata.uid`: a re-created resource gets new names.
     pub uid: &'a str,
 }
 

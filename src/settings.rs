@@ -16,12 +16,19 @@ use crate::naming::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_LABEL};
 /// Normalized mutable settings of a bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
+    /// Default storage class, as GCS spells it (`STANDARD`, ...).
     pub storage_class: String,
+    /// Object versioning on or off.
     pub versioning: bool,
+    /// The user's labels plus the ownership labels.
     pub labels: BTreeMap<String, String>,
+    /// Lifecycle rules, in the resource's order.
     pub lifecycle: Vec<LifecycleRule>,
+    /// Uniform bucket-level access (IAM only, no object ACLs).
     pub uniform_bucket_level_access: bool,
+    /// `enforced` or `inherited`.
     pub public_access_prevention: String,
+    /// Retention period in seconds; `None`: no retention policy.
     pub retention_seconds: Option<i64>,
     /// `None` on the desired side: leave GCS's default alone.
     pub soft_delete_seconds: Option<i64>,
@@ -30,13 +37,21 @@ pub struct Settings {
 /// One mutable field, named by its `UpdateBucket` mask path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field {
+    /// `storage_class`.
     StorageClass,
+    /// `versioning`.
     Versioning,
+    /// `labels`.
     Labels,
+    /// `lifecycle`.
     Lifecycle,
+    /// `iam_config.uniform_bucket_level_access`.
     UniformBucketLevelAccess,
+    /// `iam_config.public_access_prevention`.
     PublicAccessPrevention,
+    /// `retention_policy`.
     RetentionPolicy,
+    /// `soft_delete_policy`.
     SoftDeletePolicy,
 }
 

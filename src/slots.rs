@@ -25,6 +25,7 @@ pub const WAITING_FACTOR: usize = 8;
 pub struct Slots(Arc<Semaphore>);
 
 impl Slots {
+    /// `concurrency` slots; 0 means as many as a semaphore can hold.
     pub fn new(concurrency: u16) -> Self {
         let permits = match concurrency {
             0 => Semaphore::MAX_PERMITS,

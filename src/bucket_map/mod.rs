@@ -62,8 +62,11 @@ pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
 /// Settings of the map writers.
 #[derive(Clone, Debug)]
 pub struct MapSettings {
+    /// Name of the ConfigMap in each namespace (`--map-name`).
     pub map_name: String,
+    /// Bytes one namespace's map may hold (`--map-max-bytes`).
     pub max_bytes: usize,
+    /// Pause between a namespace's first change and its write (`--map-debounce`).
     pub debounce: Duration,
 }
 

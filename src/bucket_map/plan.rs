@@ -18,19 +18,28 @@ use k8s_openapi::jiff::Timestamp;
 /// A resource whose bucket exists and is as declared: it asks for its entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
+    /// The resource's `metadata.uid`.
     pub uid: String,
+    /// The resource's name (in the map's namespace).
     pub name: String,
+    /// The logical bucket name (`spec.bucketName`): the map's key.
     pub logical: String,
+    /// The physical bucket name: the map's value.
     pub physical: String,
+    /// `metadata.creationTimestamp`: the oldest contender wins a logical name.
     pub created: Option<Timestamp>,
 }
 
 /// A resource of the namespace that names a logical bucket (Ready or not).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Contender {
+    /// The resource's `metadata.uid`.
     pub uid: String,
+    /// The resource's name.
     pub name: String,
+    /// The logical bucket name it asks for.
     pub logical: String,
+    /// `metadata.creationTimestamp`, which orders contenders for a name.
     pub created: Option<Timestamp>,
 }
 

@@ -24,8 +24,11 @@ pub enum CertSource {
     Files(PathBuf),
     /// Generated and rotated by the operator.
     SelfManaged {
+        /// Client for the Secret and the webhook configuration.
         client: kube::Client,
+        /// The operator's namespace, where the Secret lives.
         namespace: String,
+        /// Secret that stores the certificate and key across restarts.
         secret: String,
         /// DNS names (and IPs) the certificate is valid for.
         hosts: Vec<String>,
