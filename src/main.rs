@@ -56,6 +56,15 @@ struct GcsArgs {
     gcs_anonymous: bool,
 }
 
+impl GcsArgs {
+    fn config(&self) -> GcsConfig {
+        GcsConfig {
+            endpoint: self.gcs_endpoint.clone(),
+            anonymous: self.gcs_anonymous,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 struct OperatorArgs {
     #[command(flatten)]
@@ -170,11 +179,7 @@ async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {
         .await
         .context("cannot reach the Kubernetes API (kubeconfig or in-cluster config)")?;
     let metrics = Arc::new(Metrics::default());
-    let gcs_config = GcsConfig {
-        endpoint: args.gcs.gcs_endpoint.clone(),
-        anonymous: args.gcs.gcs_anonymous,
-    };
-    let gcs = GcsClient::connect(&gcs_config, metrics.clone()).await?;
+    let gcs = GcsClient::connect(&args.gcs.config(), metrics.clone()).await?;
     let health = Health::new(metrics.clone());
     let server = tokio::spawn(metrics::serve(
         args.metrics_addr,
@@ -202,16 +207,7 @@ async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {
         }
     };
     let result = if args.leader_elect {
-        let election = LeaderElection {
-            namespace: args.leader_election_namespace.clone(),
-            lease_name: args.leader_election_id.clone(),
-            identity: args
-                .leader_election_identity
-                .clone()
-                .unwrap_or_else(default_identity),
-            lease_duration: args.lease_duration,
-            renew_margin: args.lease_renew_margin,
-        };
+        let election = leader_election(&args);
         // A standby is healthy and ready to take over.
         let standby = health.clone();
         leader::run_while_leader(
@@ -235,6 +231,20 @@ async fn run_operator(args: OperatorArgs) -> anyhow::Result<()> {
     health.set_ready(false);
     server.abort();
     result
+}
+
+/// The Lease this replica competes for (`--leader-elect`).
+fn leader_election(args: &OperatorArgs) -> LeaderElection {
+    LeaderElection {
+        namespace: args.leader_election_namespace.clone(),
+        lease_name: args.leader_election_id.clone(),
+        identity: args
+            .leader_election_identity
+            .clone()
+            .unwrap_or_else(default_identity),
+        lease_duration: args.lease_duration,
+        renew_margin: args.lease_renew_margin,
+    }
 }
 
 /// Starts the pod injection webhook (on every replica, leader or not).

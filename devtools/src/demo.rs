@@ -111,32 +111,7 @@ async fn sync_once(
 /// Starts fake-gcs-server and the sidecar for `namespace`, and keeps the
 /// sidecar's map in step with the namespace's ConfigMap.
 pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> anyhow::Result<Demo> {
-    let fake_bin = install("tools/fake-gcs-server/install.sh", &[]).await?;
-    let port = free_port()?;
-    let data_plane = format!("127.0.0.1:{port}");
-    let fake_gcs = Command::new(&fake_bin)
-        .args([
-            "-scheme",
-            "http",
-            "-host",
-            "127.0.0.1",
-            "-backend",
-            "memory",
-        ])
-        .args(["-port", &port.to_string(), "-public-host", &data_plane])
-        .args([
-            "-external-url",
-            &format!("http://{data_plane}"),
-            "-log-level",
-            "error",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("cannot start fake-gcs-server")?;
-    wait_http(&data_plane, "/_internal/healthcheck", "fake-gcs-server").await?;
-
+    let (fake_gcs, data_plane) = start_fake_gcs().await?;
     let dir = tempfile::Builder::new()
         .prefix("bucketmap-dev-map-")
         .tempdir()?;
@@ -154,25 +129,7 @@ pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> an
             }
         })
     };
-
-    let sidecar_bin = crate::binaries::sibling("bucketmap-sidecar", "bucketmap-sidecar").await?;
-    let sidecar_addr = format!("127.0.0.1:{}", free_port()?);
-    let sidecar = Command::new(&sidecar_bin)
-        .args([
-            "--listen",
-            &sidecar_addr,
-            "--upstream",
-            &format!("http://{data_plane}"),
-            "--no-auth",
-        ])
-        .arg("--mapping-dir")
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
-    wait_http(&sidecar_addr, "/_bucketmap/readyz", "bucketmap-sidecar").await?;
+    let (sidecar, sidecar_addr) = start_sidecar(&data_plane, dir.path()).await?;
     Ok(Demo {
         _fake_gcs: fake_gcs,
         _sidecar: sidecar,
@@ -181,6 +138,58 @@ pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> an
         sidecar_url: format!("http://{sidecar_addr}"),
         data_plane,
     })
+}
+
+/// fake-gcs-server (in memory, plain HTTP) on a free loopback port, once it
+/// answers its health check: (process, host:port).
+async fn start_fake_gcs() -> anyhow::Result<(Child, String)> {
+    let fake_bin = install("tools/fake-gcs-server/install.sh", &[]).await?;
+    let port = free_port()?;
+    let data_plane = format!("127.0.0.1:{port}");
+    let fake_gcs = Command::new(&fake_bin)
+        .args([
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-backend",
+            "memory",
+        ])
+        .args(["-port", &port.to_string(), "-public-host", &data_plane])
+        .args(["-external-url", &format!("http://{data_plane}")])
+        .args(["-log-level", "error"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start fake-gcs-server")?;
+    wait_http(&data_plane, "/_internal/healthcheck", "fake-gcs-server").await?;
+    Ok((fake_gcs, data_plane))
+}
+
+/// `bucketmap-sidecar` in front of `data_plane` with the map in `map_dir`,
+/// once it is ready: (process, host:port).
+async fn start_sidecar(data_plane: &str, map_dir: &Path) -> anyhow::Result<(Child, String)> {
+    let sidecar_bin = crate::binaries::sibling("bucketmap-sidecar", "bucketmap-sidecar").await?;
+    let sidecar_addr = format!("127.0.0.1:{}", free_port()?);
+    let upstream = format!("http://{data_plane}");
+    let sidecar = Command::new(&sidecar_bin)
+        .args([
+            "--listen",
+            &sidecar_addr,
+            "--upstream",
+            &upstream,
+            "--no-auth",
+        ])
+        .arg("--mapping-dir")
+        .arg(map_dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
+    wait_http(&sidecar_addr, "/_bucketmap/readyz", "bucketmap-sidecar").await?;
+    Ok((sidecar, sidecar_addr))
 }
 
 impl Demo {

@@ -710,6 +710,46 @@ struct LaunchFailure {
     port_clash: bool,
 }
 
+/// Removes what a failed attempt left in `dirs` (absent ones are fine).
+fn clear_stale(dirs: &[&Path]) -> Result<()> {
+    for stale in dirs {
+        match std::fs::remove_dir_all(stale) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => {
+                return Err(anyhow!(err).context(format!(
+                    "cannot clear {} from a failed attempt",
+                    stale.display()
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The API server's flags: a small real cluster (see the module docs).
+fn apiserver_args(port: u16, cert_dir: &Path, etcd_url: &str, pki_files: &PkiFiles) -> Vec<String> {
+    vec![
+        "--advertise-address=127.0.0.1".to_owned(),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", cert_dir.display()),
+        format!("--etcd-servers={etcd_url}"),
+        format!("--client-ca-file={}", pki_files.client_ca.display()),
+        "--authorization-mode=RBAC".to_owned(),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+        format!(
+            "--service-account-key-file={}",
+            pki_files.service_account_public.display()
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            pki_files.service_account_key.display()
+        ),
+        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        "--allow-privileged=true".to_owned(),
+    ]
+}
+
 /// One startup attempt on `[etcd, kube-apiserver]` ports, giving up after
 /// `timeout`.
 async fn launch(
@@ -727,17 +767,7 @@ async fn launch(
     };
     let etcd_data = dir.join("etcd-data");
     let cert_dir = dir.join("certs");
-    for stale in [&etcd_data, &cert_dir] {
-        match std::fs::remove_dir_all(stale) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                return Err(fail(anyhow!(err).context(format!(
-                    "cannot clear {} from a failed attempt",
-                    stale.display()
-                ))));
-            }
-            _ => {}
-        }
-    }
+    clear_stale(&[&etcd_data, &cert_dir]).map_err(fail)?;
 
     let etcd_url = format!("http://127.0.0.1:{etcd_port}");
     let etcd_args = vec![
@@ -758,26 +788,7 @@ async fn launch(
     wait_for_etcd(&mut etcd, deadline).await?;
 
     let server_url = format!("https://127.0.0.1:{apiserver_port}");
-    let apiserver_args = vec![
-        "--advertise-address=127.0.0.1".to_owned(),
-        "--bind-address=127.0.0.1".to_owned(),
-        format!("--secure-port={apiserver_port}"),
-        format!("--cert-dir={}", cert_dir.display()),
-        format!("--etcd-servers={etcd_url}"),
-        format!("--client-ca-file={}", pki_files.client_ca.display()),
-        "--authorization-mode=RBAC".to_owned(),
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
-        format!(
-            "--service-account-key-file={}",
-            pki_files.service_account_public.display()
-        ),
-        format!(
-            "--service-account-signing-key-file={}",
-            pki_files.service_account_key.display()
-        ),
-        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
-        "--allow-privileged=true".to_owned(),
-    ];
+    let apiserver_args = apiserver_args(apiserver_port, &cert_dir, &etcd_url, pki_files);
     let mut apiserver = Process::spawn(
         "kube-apiserver",
         &assets.join(APISERVER_BIN),

@@ -127,60 +127,83 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
     let client = env.client().await?;
     bucketmap_testkit::testenv::install_crd(&client, &Gcs::crd()).await?;
     let mock = MockGcs::start().await?;
-    let gcs = mock.handle();
+    let (baseline, baseline_apiserver_cpu) = measure_baseline(args, shape, &client).await?;
+    let operator = Operator::start(&env, &mock.endpoint(), args.resync).await?;
+    let report = measure_operator(args, shape, &client, &mock.handle(), &operator).await?;
+    operator.stop().await;
+    mock.shutdown().await;
+    drop(env);
+    Ok(Report {
+        baseline,
+        baseline_apiserver_cpu,
+        ..report
+    })
+}
 
-    let before = ApiCounters::read(&client).await?;
-    let base_ns = namespaces(&client, "bench-base", shape.namespaces).await?;
-    let baseline = create_many(&client, &base_ns, shape.resources, args.create_parallelism).await?;
-    let baseline_apiserver_cpu = ApiCounters::read(&client).await?.cpu - before.cpu;
+/// The API server alone stores the shape's objects (nobody reconciles), which
+/// are then deleted: (time to create them, API server CPU seconds).
+async fn measure_baseline(
+    args: &BenchArgs,
+    shape: Shape,
+    client: &kube::Client,
+) -> anyhow::Result<(Duration, f64)> {
+    let before = ApiCounters::read(client).await?;
+    let base_ns = namespaces(client, "bench-base", shape.namespaces).await?;
+    let baseline = create_many(client, &base_ns, shape.resources, args.create_parallelism).await?;
+    let cpu = ApiCounters::read(client).await?.cpu - before.cpu;
     for ns in &base_ns {
         let api: Api<Gcs> = Api::namespaced(client.clone(), ns);
         api.delete_collection(&DeleteParams::default(), &ListParams::default())
             .await
             .with_context(|| format!("delete the baseline objects of {ns}"))?;
     }
+    Ok((baseline, cpu))
+}
 
-    let operator = Operator::start(&env, &mock.endpoint(), args.resync).await?;
+/// The running operator brings the shape's objects to Ready; the report's
+/// baseline fields are left at zero for the caller.
+async fn measure_operator(
+    args: &BenchArgs,
+    shape: Shape,
+    client: &kube::Client,
+    gcs: &MockHandle,
+    operator: &Operator,
+) -> anyhow::Result<Report> {
     let idle_rss = operator.rss()?;
     let idle_cpu = operator.cpu_seconds()?;
-    let namespaces = namespaces(&client, "bench", shape.namespaces).await?;
+    let namespaces = namespaces(client, "bench", shape.namespaces).await?;
     gcs.reset_calls();
-    let before = ApiCounters::read(&client).await?;
+    let before = ApiCounters::read(client).await?;
     let started = Instant::now();
     create_many(
-        &client,
+        client,
         &namespaces,
         shape.resources,
         args.create_parallelism,
     )
     .await?;
-    wait_all_ready(&client, shape.resources, args.ready_timeout).await?;
+    wait_all_ready(client, shape.resources, args.ready_timeout).await?;
     let to_ready = started.elapsed();
-    let after = ApiCounters::read(&client).await?;
+    let after = ApiCounters::read(client).await?;
     let operator_cpu = operator.cpu_seconds()? - idle_cpu;
     let reconciles = operator.reconciles().await?;
     let create_calls = gcs.calls().len();
-    let steady = if args.no_steady_state {
-        None
-    } else {
-        Some(steady_state(&gcs, shape.resources, args.resync).await)
+    let steady = match args.no_steady_state {
+        true => None,
+        false => Some(steady_state(gcs, shape.resources, args.resync).await),
     };
-    let peak_rss = operator.peak_rss()?;
-    operator.stop().await;
-    mock.shutdown().await;
-    drop(env);
     Ok(Report {
         shape,
-        baseline,
+        baseline: Duration::ZERO,
         to_ready,
         reconciles,
         writes: after.writes_since(&before, shape.resources),
         api_time: after.time_since(&before, 6),
         apiserver_cpu: after.cpu - before.cpu,
-        baseline_apiserver_cpu,
+        baseline_apiserver_cpu: 0.0,
         create_calls,
         steady,
-        peak_rss,
+        peak_rss: operator.peak_rss()?,
         idle_rss,
         operator_cpu,
     })

@@ -242,29 +242,8 @@ fn apply_path(
         "lifecycle" => target.lifecycle = source.lifecycle.clone(),
         "iam_config" => target.iam_config = source.iam_config.clone(),
         "iam_config.uniform_bucket_level_access"
-        | "iam_config.uniform_bucket_level_access.enabled" => {
-            let enabled = source
-                .iam_config
-                .as_ref()
-                .and_then(|c| c.uniform_bucket_level_access)
-                .is_some_and(|u| u.enabled);
-            target
-                .iam_config
-                .get_or_insert_default()
-                .uniform_bucket_level_access
-                .get_or_insert_default()
-                .enabled = enabled;
-        }
-        "iam_config.public_access_prevention" => {
-            target
-                .iam_config
-                .get_or_insert_default()
-                .public_access_prevention = source
-                .iam_config
-                .as_ref()
-                .map(|c| c.public_access_prevention.clone())
-                .unwrap_or_default();
-        }
+        | "iam_config.uniform_bucket_level_access.enabled"
+        | "iam_config.public_access_prevention" => apply_iam_path(target, source, path),
         "retention_policy" | "retention_policy.retention_duration" => {
             target.retention_policy = source.retention_policy;
         }
@@ -281,23 +260,48 @@ fn apply_path(
         "default_event_based_hold" => {
             target.default_event_based_hold = source.default_event_based_hold;
         }
-        _ => match path.strip_prefix("labels.") {
-            Some(key) if !key.is_empty() => match source.labels.get(key) {
-                Some(value) => {
-                    target.labels.insert(key.to_string(), value.clone());
-                }
-                None => {
-                    target.labels.remove(key);
-                }
-            },
-            _ => {
-                return Err(Status::invalid_argument(format!(
-                    "unsupported or immutable field in update_mask: {path:?}"
-                )));
-            }
-        },
+        _ => return apply_label_path(target, source, path),
     }
     Ok(())
+}
+
+/// The `iam_config` sub-fields of an update mask.
+fn apply_iam_path(target: &mut proto::Bucket, source: &proto::Bucket, path: &str) {
+    let source = source.iam_config.as_ref();
+    let target = target.iam_config.get_or_insert_default();
+    if path == "iam_config.public_access_prevention" {
+        target.public_access_prevention = source
+            .map(|c| c.public_access_prevention.clone())
+            .unwrap_or_default();
+    } else {
+        let enabled = source
+            .and_then(|c| c.uniform_bucket_level_access)
+            .is_some_and(|u| u.enabled);
+        target
+            .uniform_bucket_level_access
+            .get_or_insert_default()
+            .enabled = enabled;
+    }
+}
+
+/// `labels.<key>` in an update mask (set or removed); anything else is refused.
+fn apply_label_path(
+    target: &mut proto::Bucket,
+    source: &proto::Bucket,
+    path: &str,
+) -> Result<(), Status> {
+    match path.strip_prefix("labels.") {
+        Some(key) if !key.is_empty() => {
+            match source.labels.get(key) {
+                Some(value) => target.labels.insert(key.to_string(), value.clone()),
+                None => target.labels.remove(key),
+            };
+            Ok(())
+        }
+        _ => Err(Status::invalid_argument(format!(
+            "unsupported or immutable field in update_mask: {path:?}"
+        ))),
+    }
 }
 
 /// Server-side consequences of an update: a locked retention policy can
