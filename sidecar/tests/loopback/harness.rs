@@ -86,6 +86,17 @@ impl Upstream {
         }
     }
 
+    /// Waits (up to 20 s) until a request has reached the upstream.
+    pub async fn wait_for_a_request(&self) {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while self.seen().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("a request reached the upstream");
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().expect("lock").clone()
     }

@@ -92,9 +92,10 @@ async fn not_ready_until_a_mapping_is_loaded() {
     assert!(upstream.seen().is_empty());
 }
 
-#[tokio::test]
-async fn a_map_reload_does_not_disturb_requests_in_flight() {
-    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+/// An upload upstream: reads the whole body, then answers an object in the
+/// bucket the upload named.
+fn object_in_the_named_bucket() -> Handler {
+    handler(|req: Request<Incoming>| async move {
         let bucket = req
             .uri()
             .path()
@@ -108,8 +109,12 @@ async fn a_map_reload_does_not_disturb_requests_in_flight() {
             StatusCode::OK,
             object("https://storage.googleapis.com", &bucket, "x", "x"),
         )
-    }))
-    .await;
+    })
+}
+
+#[tokio::test]
+async fn a_map_reload_does_not_disturb_requests_in_flight() {
+    let upstream = Upstream::start(object_in_the_named_bucket()).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
     let (mut tx, body) = channel_body();
     let req = request(
@@ -121,13 +126,7 @@ async fn a_map_reload_does_not_disturb_requests_in_flight() {
     tx.send(Ok(Frame::data(Bytes::from_static(b"first half"))))
         .await
         .expect("send");
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while upstream.seen().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("request reached the upstream");
+    upstream.wait_for_a_request().await;
 
     // The operator moved the bucket: a new physical name.
     sidecar.store.set(mapping("photos-newnewnw"));
@@ -231,13 +230,7 @@ async fn shutdown_drains_requests_in_flight() {
     tx.send(Ok(Frame::data(Bytes::from_static(b"part one"))))
         .await
         .expect("send");
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while upstream.seen().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("in flight");
+    upstream.wait_for_a_request().await;
     let _ = sidecar.stop.send(true);
     tokio::time::sleep(Duration::from_millis(100)).await;
     // No new connections once draining.

@@ -8,6 +8,159 @@ use bucketmap_sidecar::body::{empty, full};
 
 use super::harness::*;
 
+/// A refused request: (method, target, headers, body, status, reason).
+type Refused = (
+    Method,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    u16,
+    &'static str,
+);
+
+/// Requests answered locally (with `max_metadata_bytes: 64`).
+const REFUSED: &[Refused] = &[
+    (
+        Method::GET,
+        "/storage/v1/b/unknown/o",
+        &[],
+        "",
+        404,
+        "notFound",
+    ),
+    (
+        Method::GET,
+        "/storage/v1/b/photos-k3x9q2mw/o",
+        &[],
+        "",
+        403,
+        "forbidden",
+    ),
+    (
+        Method::POST,
+        "/storage/v1/b/photos/o/a/copyTo/b/unknown/o/b",
+        &[],
+        "",
+        404,
+        "notFound",
+    ),
+    (
+        Method::GET,
+        "/storage/v1/b/photos/o/a%zz",
+        &[],
+        "",
+        400,
+        "invalid",
+    ),
+    (
+        Method::GET,
+        "/storage/v1/b/Photos/o",
+        &[],
+        "",
+        400,
+        "invalid",
+    ),
+    (
+        Method::GET,
+        "/photos/a?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Signature=00",
+        &[],
+        "",
+        400,
+        "InvalidArgument",
+    ),
+    (
+        Method::GET,
+        "/photos/a?GoogleAccessId=x&Expires=1&Signature=y",
+        &[],
+        "",
+        400,
+        "InvalidArgument",
+    ),
+    (
+        Method::GET,
+        "/storage/v1/b/photos/o",
+        &[("authorization", "GOOG4-HMAC-SHA256 Credential=x")],
+        "",
+        400,
+        "invalid",
+    ),
+    (
+        Method::GET,
+        "/photos/a",
+        &[("authorization", "AWS4-HMAC-SHA256 Credential=x")],
+        "",
+        400,
+        "InvalidArgument",
+    ),
+    (Method::GET, "/unknown/a", &[], "", 404, "NoSuchBucket"),
+    (
+        Method::POST,
+        "/storage/v1/b/photos/o/x/compose",
+        &[("content-type", "application/json")],
+        r#"{"destination":{"bucket":"unknown"}}"#,
+        404,
+        "notFound",
+    ),
+    (
+        Method::POST,
+        "/storage/v1/grpc",
+        &[("content-type", "application/grpc")],
+        "",
+        400,
+        "gRPC",
+    ),
+    (
+        Method::PUT,
+        "/photos/dst",
+        &[("x-goog-copy-source", "/unknown/src")],
+        "",
+        404,
+        "NoSuchBucket",
+    ),
+    (
+        Method::POST,
+        "/storage/v1/b?project=p",
+        &[("content-type", "application/json")],
+        r#"{"name":"brand-new"}"#,
+        404,
+        "notFound",
+    ),
+    (
+        Method::PATCH,
+        "/storage/v1/b/photos/o/x",
+        &[],
+        r#"{"metadata":{"k":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}"#,
+        413,
+        "payloadTooLarge",
+    ),
+    (
+        Method::PATCH,
+        "/storage/v1/b/photos/o/x",
+        &[],
+        r#"{"bucket":"logs-aaaa1111"}"#,
+        403,
+        "forbidden",
+    ),
+];
+
+/// `method target` with `headers` and `body`, sent through the sidecar.
+async fn send_with(
+    sidecar: &Sidecar,
+    method: &Method,
+    target: &str,
+    headers: &[(&'static str, &'static str)],
+    body: Bytes,
+) -> Answer {
+    let mut req = request(method.clone(), &sidecar.url(target), full(body));
+    for (name, value) in headers {
+        req.headers_mut().insert(
+            header::HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
+    }
+    send(req).await
+}
+
 #[tokio::test]
 async fn refused_requests_are_answered_locally_and_nothing_is_forwarded() {
     let upstream = Upstream::start(echo_object_handler()).await;
@@ -19,150 +172,12 @@ async fn refused_requests_are_answered_locally_and_nothing_is_forwarded() {
         },
     )
     .await;
-    /// (method, target, headers, body, status, reason)
-    type Case = (
-        Method,
-        &'static str,
-        Vec<(&'static str, &'static str)>,
-        &'static str,
-        u16,
-        &'static str,
-    );
-    let cases: Vec<Case> = vec![
-        (
-            Method::GET,
-            "/storage/v1/b/unknown/o",
-            vec![],
-            "",
-            404,
-            "notFound",
-        ),
-        (
-            Method::GET,
-            "/storage/v1/b/photos-k3x9q2mw/o",
-            vec![],
-            "",
-            403,
-            "forbidden",
-        ),
-        (
-            Method::POST,
-            "/storage/v1/b/photos/o/a/copyTo/b/unknown/o/b",
-            vec![],
-            "",
-            404,
-            "notFound",
-        ),
-        (
-            Method::GET,
-            "/storage/v1/b/photos/o/a%zz",
-            vec![],
-            "",
-            400,
-            "invalid",
-        ),
-        (
-            Method::GET,
-            "/storage/v1/b/Photos/o",
-            vec![],
-            "",
-            400,
-            "invalid",
-        ),
-        (
-            Method::GET,
-            "/photos/a?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Signature=00",
-            vec![],
-            "",
-            400,
-            "InvalidArgument",
-        ),
-        (
-            Method::GET,
-            "/photos/a?GoogleAccessId=x&Expires=1&Signature=y",
-            vec![],
-            "",
-            400,
-            "InvalidArgument",
-        ),
-        (
-            Method::GET,
-            "/storage/v1/b/photos/o",
-            vec![("authorization", "GOOG4-HMAC-SHA256 Credential=x")],
-            "",
-            400,
-            "invalid",
-        ),
-        (
-            Method::GET,
-            "/photos/a",
-            vec![("authorization", "AWS4-HMAC-SHA256 Credential=x")],
-            "",
-            400,
-            "InvalidArgument",
-        ),
-        (Method::GET, "/unknown/a", vec![], "", 404, "NoSuchBucket"),
-        (
-            Method::POST,
-            "/storage/v1/b/photos/o/x/compose",
-            vec![("content-type", "application/json")],
-            r#"{"destination":{"bucket":"unknown"}}"#,
-            404,
-            "notFound",
-        ),
-        (
-            Method::POST,
-            "/storage/v1/grpc",
-            vec![("content-type", "application/grpc")],
-            "",
-            400,
-            "gRPC",
-        ),
-        (
-            Method::PUT,
-            "/photos/dst",
-            vec![("x-goog-copy-source", "/unknown/src")],
-            "",
-            404,
-            "NoSuchBucket",
-        ),
-        (
-            Method::POST,
-            "/storage/v1/b?project=p",
-            vec![("content-type", "application/json")],
-            r#"{"name":"brand-new"}"#,
-            404,
-            "notFound",
-        ),
-        (
-            Method::PATCH,
-            "/storage/v1/b/photos/o/x",
-            vec![],
-            r#"{"metadata":{"k":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}"#,
-            413,
-            "payloadTooLarge",
-        ),
-        (
-            Method::PATCH,
-            "/storage/v1/b/photos/o/x",
-            vec![],
-            r#"{"bucket":"logs-aaaa1111"}"#,
-            403,
-            "forbidden",
-        ),
-    ];
-    for (method, target, headers, body, status, reason) in cases {
-        let mut req = request(method.clone(), &sidecar.url(target), full(body.to_owned()));
-        for (name, value) in headers {
-            req.headers_mut().insert(
-                header::HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            );
-        }
-        let answer = send(req).await;
+    for (method, target, headers, body, status, reason) in REFUSED {
+        let body = Bytes::from_static(body.as_bytes());
+        let answer = send_with(&sidecar, method, target, headers, body).await;
         assert_eq!(
             answer.status.as_u16(),
-            status,
+            *status,
             "{method} {target}: {}",
             answer.text()
         );
@@ -231,57 +246,60 @@ async fn every_discovery_method_is_forwarded_rewritten_or_refused() {
     }
 }
 
+/// Shapes the router cannot check: (method, target, what the refusal says).
+const UNCHECKABLE: &[(Method, &str, &str)] = &[
+    (Method::GET, "/storage/v1//b/other/o/x", "empty segment"),
+    (
+        Method::GET,
+        "/storage/v1/%62/other/o/x",
+        "no GCS operation matches",
+    ),
+    (
+        Method::GET,
+        "/storage/v1/b/photos/o/x/../../../other/o/x",
+        "relative segments are refused",
+    ),
+    (
+        Method::GET,
+        "/photos/../other/x",
+        "relative segments are refused",
+    ),
+    (
+        Method::GET,
+        "/photos/%2e%2e/other/x",
+        "relative segments are refused",
+    ),
+    (
+        Method::POST,
+        "/upload/storage/v2/b/other/o?uploadType=media",
+        "no GCS operation",
+    ),
+    (
+        Method::POST,
+        "/storage/v1/b/photos/o/x/copyTo/b/logs/o/y/copyTo/b/other/o/z",
+        "no GCS operation",
+    ),
+    (
+        Method::POST,
+        "/storage/v1/b/photos/o/x/copyTo/%62/other/o/y",
+        "no GCS operation",
+    ),
+    (Method::PUT, "/photos?%6Cogging", "spelt differently"),
+    (
+        Method::GET,
+        "/storage/v1/b/photos/o/x?alt=media&alt=media",
+        "more than once",
+    ),
+];
+
 /// The shapes issue 8 found forwarded naming an unmapped bucket: each gets a
 /// GCS-style 400 naming what was refused, is counted, and nothing is forwarded.
 #[tokio::test]
 async fn requests_the_router_cannot_check_are_refused_and_counted() {
     let upstream = Upstream::start(echo_object_handler()).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
-    let cases: [(Method, &str, &str); 10] = [
-        (Method::GET, "/storage/v1//b/other/o/x", "empty segment"),
-        (
-            Method::GET,
-            "/storage/v1/%62/other/o/x",
-            "no GCS operation matches",
-        ),
-        (
-            Method::GET,
-            "/storage/v1/b/photos/o/x/../../../other/o/x",
-            "relative segments are refused",
-        ),
-        (
-            Method::GET,
-            "/photos/../other/x",
-            "relative segments are refused",
-        ),
-        (
-            Method::GET,
-            "/photos/%2e%2e/other/x",
-            "relative segments are refused",
-        ),
-        (
-            Method::POST,
-            "/upload/storage/v2/b/other/o?uploadType=media",
-            "no GCS operation",
-        ),
-        (
-            Method::POST,
-            "/storage/v1/b/photos/o/x/copyTo/b/logs/o/y/copyTo/b/other/o/z",
-            "no GCS operation",
-        ),
-        (
-            Method::POST,
-            "/storage/v1/b/photos/o/x/copyTo/%62/other/o/y",
-            "no GCS operation",
-        ),
-        (Method::PUT, "/photos?%6Cogging", "spelt differently"),
-        (
-            Method::GET,
-            "/storage/v1/b/photos/o/x?alt=media&alt=media",
-            "more than once",
-        ),
-    ];
-    for (method, target, says) in &cases {
+    assert_eq!(UNCHECKABLE.len(), 10);
+    for (method, target, says) in UNCHECKABLE {
         let answer = send(request(method.clone(), &sidecar.url(target), full("x"))).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{method} {target}");
         let text = answer.text();
@@ -298,12 +316,103 @@ async fn requests_the_router_cannot_check_are_refused_and_counted() {
         .filter(|l| l.starts_with("bucketmap_sidecar_refused_requests_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
-    assert_eq!(refused, cases.len() as u64, "{metrics}");
+    assert_eq!(refused, UNCHECKABLE.len() as u64, "{metrics}");
     assert!(
         metrics.contains("bucketmap_sidecar_refused_requests_total{reason=\"dot_segment\"} 3"),
         "{metrics}"
     );
 }
+
+const PATCH: &str = "/storage/v1/b/photos/o/x";
+
+/// Bodies refused: (method, target, headers, body, what the refusal says).
+type Strict = (
+    Method,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static [u8],
+    &'static str,
+);
+
+const STRICT: &[Strict] = &[
+    (
+        Method::PATCH,
+        PATCH,
+        &[],
+        br#"{"error":{"code":1},"bucket":"other"}"#,
+        "`error` member",
+    ),
+    (
+        Method::PATCH,
+        PATCH,
+        &[],
+        br#"{"kind":"storage#bucket","bucket":"other"}"#,
+        "kind",
+    ),
+    (
+        Method::PATCH,
+        PATCH,
+        &[],
+        br#"{"bucket":"photos"}{"bucket":"other"}"#,
+        "after the object",
+    ),
+    (
+        Method::PATCH,
+        PATCH,
+        &[],
+        br#"[{"bucket":"other"}]"#,
+        "one JSON object",
+    ),
+    (
+        Method::PATCH,
+        PATCH,
+        &[],
+        br#"{"bucket":"photos","BUCKET":"other"}"#,
+        "differ only in case",
+    ),
+    (
+        Method::PATCH,
+        PATCH,
+        &[],
+        b"{\"bucket\":\"other\xff\"}",
+        "UTF-8",
+    ),
+    (
+        Method::GET,
+        PATCH,
+        &[],
+        br#"{"bucket":"other"}"#,
+        "which takes none",
+    ),
+    (
+        Method::DELETE,
+        "/storage/v1/b/photos",
+        &[],
+        b"x",
+        "which takes none",
+    ),
+    (
+        Method::GET,
+        PATCH,
+        &[("x-http-method-override", "PATCH")],
+        br#"{"bucket":"other"}"#,
+        "honoured on POST only",
+    ),
+    (
+        Method::POST,
+        PATCH,
+        &[("x-http-method-override", "GET")],
+        br#"{"bucket":"other"}"#,
+        "which takes none",
+    ),
+    (
+        Method::POST,
+        PATCH,
+        &[("x-http-method-override", "BREW")],
+        b"",
+        "not a method GCS serves",
+    ),
+];
 
 /// Bodies other parsers could read differently from the rewriter, bodies on
 /// operations that take none, and method overrides that are not honoured:
@@ -312,103 +421,9 @@ async fn requests_the_router_cannot_check_are_refused_and_counted() {
 async fn request_bodies_are_parsed_strictly() {
     let upstream = Upstream::start(echo_object_handler()).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
-    let patch = "/storage/v1/b/photos/o/x";
-    /// (method, target, headers, body, what the refusal says)
-    type Case = (
-        Method,
-        &'static str,
-        Vec<(&'static str, &'static str)>,
-        Bytes,
-        &'static str,
-    );
-    let cases: Vec<Case> = vec![
-        (
-            Method::PATCH,
-            patch,
-            vec![],
-            Bytes::from_static(br#"{"error":{"code":1},"bucket":"other"}"#),
-            "`error` member",
-        ),
-        (
-            Method::PATCH,
-            patch,
-            vec![],
-            Bytes::from_static(br#"{"kind":"storage#bucket","bucket":"other"}"#),
-            "kind",
-        ),
-        (
-            Method::PATCH,
-            patch,
-            vec![],
-            Bytes::from_static(br#"{"bucket":"photos"}{"bucket":"other"}"#),
-            "after the object",
-        ),
-        (
-            Method::PATCH,
-            patch,
-            vec![],
-            Bytes::from_static(br#"[{"bucket":"other"}]"#),
-            "one JSON object",
-        ),
-        (
-            Method::PATCH,
-            patch,
-            vec![],
-            Bytes::from_static(br#"{"bucket":"photos","BUCKET":"other"}"#),
-            "differ only in case",
-        ),
-        (
-            Method::PATCH,
-            patch,
-            vec![],
-            Bytes::from_static(b"{\"bucket\":\"other\xff\"}"),
-            "UTF-8",
-        ),
-        (
-            Method::GET,
-            patch,
-            vec![],
-            Bytes::from_static(br#"{"bucket":"other"}"#),
-            "which takes none",
-        ),
-        (
-            Method::DELETE,
-            "/storage/v1/b/photos",
-            vec![],
-            Bytes::from_static(b"x"),
-            "which takes none",
-        ),
-        (
-            Method::GET,
-            patch,
-            vec![("x-http-method-override", "PATCH")],
-            Bytes::from_static(br#"{"bucket":"other"}"#),
-            "honoured on POST only",
-        ),
-        (
-            Method::POST,
-            patch,
-            vec![("x-http-method-override", "GET")],
-            Bytes::from_static(br#"{"bucket":"other"}"#),
-            "which takes none",
-        ),
-        (
-            Method::POST,
-            patch,
-            vec![("x-http-method-override", "BREW")],
-            Bytes::new(),
-            "not a method GCS serves",
-        ),
-    ];
-    for (method, target, headers, body, says) in cases {
-        let mut req = request(method.clone(), &sidecar.url(target), full(body));
-        for (name, value) in headers {
-            req.headers_mut().insert(
-                header::HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            );
-        }
-        let answer = send(req).await;
+    for (method, target, headers, body, says) in STRICT {
+        let body = Bytes::from_static(body);
+        let answer = send_with(&sidecar, method, target, headers, body).await;
         assert_eq!(
             answer.status,
             StatusCode::BAD_REQUEST,

@@ -243,9 +243,10 @@ fn big_body() -> ProxyBody {
     BodyExt::boxed(StreamBody::new(stream))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gibibyte_each_way_keeps_memory_flat() {
-    let upstream = Upstream::start(handler(|req: Request<Incoming>| async move {
+/// An upstream serving `BIG` bytes on GET and reading uploads slowly,
+/// answering their size.
+fn big_object_upstream() -> Handler {
+    handler(|req: Request<Incoming>| async move {
         if req.method() == Method::GET {
             let mut response = Response::new(big_body());
             response
@@ -268,8 +269,12 @@ async fn a_gibibyte_each_way_keeps_memory_flat() {
             StatusCode::OK,
             json!({"kind": "storage#object", "bucket": PHYSICAL, "size": total.to_string()}),
         )
-    }))
-    .await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gibibyte_each_way_keeps_memory_flat() {
+    let upstream = Upstream::start(big_object_upstream()).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
     let probe = RssProbe::start();
 

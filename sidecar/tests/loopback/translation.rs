@@ -138,6 +138,90 @@ fn recording_upstream(recorded: Recorded) -> Handler {
     })
 }
 
+/// `method target` with a gzip body of `content_type`.
+fn gzipped(
+    sidecar: &Sidecar,
+    method: Method,
+    target: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> Request<ProxyBody> {
+    let mut req = request(method, &sidecar.url(target), full(body));
+    let headers = req.headers_mut();
+    headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    headers.insert(header::CONTENT_TYPE, content_type.parse().expect("type"));
+    req
+}
+
+/// What the recording upstream saw since the last call.
+fn take(recorded: &Recorded) -> Vec<(Option<HeaderValue>, Bytes)> {
+    recorded.lock().expect("lock").drain(..).collect()
+}
+
+/// A `multipart/related` upload (boundary `b`) of `data` into `photos`.
+fn multipart_upload(data: &[u8]) -> Vec<u8> {
+    let mut multipart = b"--b\r\nContent-Type: application/json\r\n\r\n{\"name\":\"o\",\"bucket\":\"photos\"}\r\n--b\r\nContent-Type: application/octet-stream\r\n\r\n".to_vec();
+    multipart.extend_from_slice(data);
+    multipart.extend_from_slice(b"\r\n--b--\r\n");
+    multipart
+}
+
+/// Truncated or non-gzip bodies declared gzip: a 400 naming gzip. `target`
+/// takes multipart uploads.
+async fn corrupt_gzip_is_refused(sidecar: &Sidecar, target: &str, multipart: &[u8]) {
+    let truncated_json = gzip(br#"{"bucket":"photos"}"#);
+    let truncated_json = truncated_json[..truncated_json.len() - 5].to_vec();
+    let mut truncated_upload = gzip(multipart);
+    truncated_upload.truncate(truncated_upload.len() - 100);
+    for (method, target, content_type, body) in [
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            "application/json",
+            truncated_json,
+        ),
+        (
+            Method::PATCH,
+            "/storage/v1/b/photos/o/x",
+            "application/json",
+            b"not gzip".to_vec(),
+        ),
+        (
+            Method::POST,
+            target,
+            "multipart/related; boundary=b",
+            truncated_upload,
+        ),
+    ] {
+        let answer = send(gzipped(sidecar, method.clone(), target, content_type, body)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{method} {target}: {}",
+            answer.text()
+        );
+        assert!(answer.text().contains("gzip"), "{}", answer.text());
+    }
+}
+
+/// A gzip media upload is object data: forwarded as it is, still gzip.
+async fn gzip_media_passes_as_is(sidecar: &Sidecar, recorded: &Recorded, data: &[u8]) {
+    let packed = gzip(data);
+    let mut req = gzipped(
+        sidecar,
+        Method::POST,
+        "/upload/storage/v1/b/photos/o?uploadType=media&name=o",
+        "application/octet-stream",
+        packed.clone(),
+    );
+    req.headers_mut().remove(header::CONTENT_TYPE);
+    let answer = send(req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let seen = take(recorded);
+    assert_eq!(seen[0].0.as_ref().map(|v| v.as_bytes()), Some(&b"gzip"[..]));
+    assert_eq!(&seen[0].1[..], &packed[..], "media is never decoded");
+}
+
 /// Google's Java client gzips metadata bodies and multipart uploads: they are
 /// decoded, rewritten and forwarded uncompressed; object data is never decoded
 /// (a gzip media upload passes as it is); corrupt gzip is a 400, never a 502;
@@ -148,13 +232,9 @@ async fn gzip_bodies_are_decoded_before_rewriting() {
     let upstream = Upstream::start(recording_upstream(recorded.clone())).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
     let gzipped = |method: Method, target: &str, content_type: &str, body: Vec<u8>| {
-        let mut req = request(method, &sidecar.url(target), full(body));
-        let headers = req.headers_mut();
-        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        headers.insert(header::CONTENT_TYPE, content_type.parse().expect("type"));
-        req
+        gzipped(&sidecar, method, target, content_type, body)
     };
-    let take = || recorded.lock().expect("lock").drain(..).collect::<Vec<_>>();
+    let take = || take(&recorded);
 
     let answer = send(gzipped(
         Method::PATCH,
@@ -172,9 +252,7 @@ async fn gzip_bodies_are_decoded_before_rewriting() {
     );
 
     let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
-    let mut multipart = b"--b\r\nContent-Type: application/json\r\n\r\n{\"name\":\"o\",\"bucket\":\"photos\"}\r\n--b\r\nContent-Type: application/octet-stream\r\n\r\n".to_vec();
-    multipart.extend_from_slice(&data);
-    multipart.extend_from_slice(b"\r\n--b--\r\n");
+    let multipart = multipart_upload(&data);
     let target = "/upload/storage/v1/b/photos/o?uploadType=multipart";
     let answer = send(gzipped(
         Method::POST,
@@ -197,53 +275,9 @@ async fn gzip_bodies_are_decoded_before_rewriting() {
         "object data forwarded byte for byte"
     );
 
-    let packed = gzip(&data);
-    let mut req = gzipped(
-        Method::POST,
-        "/upload/storage/v1/b/photos/o?uploadType=media&name=o",
-        "application/octet-stream",
-        packed.clone(),
-    );
-    req.headers_mut().remove(header::CONTENT_TYPE);
-    let answer = send(req).await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-    let seen = take();
-    assert_eq!(seen[0].0.as_ref().map(|v| v.as_bytes()), Some(&b"gzip"[..]));
-    assert_eq!(&seen[0].1[..], &packed[..], "media is never decoded");
+    gzip_media_passes_as_is(&sidecar, &recorded, &data).await;
 
-    let truncated_json = gzip(br#"{"bucket":"photos"}"#);
-    let truncated_json = truncated_json[..truncated_json.len() - 5].to_vec();
-    let mut truncated_upload = gzip(&multipart);
-    truncated_upload.truncate(truncated_upload.len() - 100);
-    for (method, target, content_type, body) in [
-        (
-            Method::PATCH,
-            "/storage/v1/b/photos/o/x",
-            "application/json",
-            truncated_json,
-        ),
-        (
-            Method::PATCH,
-            "/storage/v1/b/photos/o/x",
-            "application/json",
-            b"not gzip".to_vec(),
-        ),
-        (
-            Method::POST,
-            target,
-            "multipart/related; boundary=b",
-            truncated_upload,
-        ),
-    ] {
-        let answer = send(gzipped(method.clone(), target, content_type, body)).await;
-        assert_eq!(
-            answer.status,
-            StatusCode::BAD_REQUEST,
-            "{method} {target}: {}",
-            answer.text()
-        );
-        assert!(answer.text().contains("gzip"), "{}", answer.text());
-    }
+    corrupt_gzip_is_refused(&sidecar, target, &multipart).await;
     take();
 
     let answer = sidecar.get("/storage/v1/b/photos/o/gz").await;
