@@ -1,12 +1,12 @@
 //! The reconciler: `Gcs` resources into buckets.
 //!
-//! [`run`] builds the watches and drives the controller ([`watches`]).
-//! [`reconcile`] wraps [`kube::runtime::finalizer`]: the finalizer is added
-//! before any GCS call, `apply` creates and keeps the bucket as declared in
-//! short named phases ([`apply`]), `cleanup` deletes it safely ([`cleanup`]).
-//! Status is computed, compared with what the object already shows, and
-//! written (server-side apply on the status subresource) only when it
-//! changed ([`status`]).
+//! [`run`] builds the watches and drives the controller (module `watches`).
+//! [`reconcile`] wraps [`kube::runtime::finalizer()`]: the finalizer is added
+//! before any GCS call; `apply` creates and keeps the bucket as declared, in
+//! short named phases (module `apply`); `cleanup` deletes it safely (module
+//! `cleanup`). Status is computed, compared with what the object already
+//! shows, and written (server-side apply on the status subresource) only
+//! when it changed (module `status`). [`error_policy`] backs off per object.
 
 mod apply;
 mod cleanup;
@@ -252,11 +252,13 @@ mod tests {
         assert_eq!(counts.record(key("photos")), 2);
         assert_eq!(counts.record(key("videos")), 1);
         assert_eq!(counts.record(key("photos")), 3);
+        let before = backoff(&gcs_error(), 3);
         counts.forget(&key("photos"));
-        assert_eq!(counts.record(key("photos")), 1);
-        assert_eq!(counts.record(key("videos")), 2);
-        // After a reset the curve starts again at its base.
-        assert_eq!(backoff(&gcs_error(), 1), Duration::from_millis(500));
+        // After a success the curve starts again at its base.
+        let after = backoff(&gcs_error(), counts.record(key("photos")));
+        assert_eq!(after, Duration::from_millis(500));
+        assert!(after < before);
+        assert_eq!(counts.record(key("videos")), 2, "other objects keep theirs");
     }
 
     #[test]
