@@ -72,6 +72,3 @@ pub mod signing;
 pub mod telemetry;
 pub mod upload;
 pub mod watch;
-
-#[cfg(test)]
-mod inprocess_tests;

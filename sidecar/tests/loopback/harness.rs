@@ -1,0 +1,334 @@
+//! The loopback harness: a tiny hyper upstream standing in for GCS, the
+//! proxy in front of it (built through the crate's public API), a hyper
+//! client, and helpers shared by the test modules.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use bucketmap_sidecar::auth::Auth;
+use bucketmap_sidecar::body::{BoxError, ProxyBody, empty, full};
+use bucketmap_sidecar::discovery::Segment;
+use bucketmap_sidecar::mapping::{Mapping, MappingStore};
+use bucketmap_sidecar::metrics::Metrics;
+use bucketmap_sidecar::proxy::{Proxy, ProxySettings, build_client};
+use bucketmap_sidecar::server::{ServerSettings, proxy_stack, serve};
+
+pub const PHYSICAL: &str = "photos-k3x9q2mw";
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+pub type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// What the upstream saw of one request.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub target: String,
+    pub headers: http::HeaderMap,
+}
+
+/// A loopback HTTP server standing in for GCS.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    _stop: watch::Sender<bool>,
+}
+
+impl Upstream {
+    pub async fn start(handler: Handler) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (stop, stopped) = watch::channel(false);
+        let record = seen.clone();
+        let serve_fn = move |req: Request<Incoming>| {
+            let target = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            record.lock().expect("lock").push(Seen {
+                target,
+                headers: req.headers().clone(),
+            });
+            let answer = handler(req);
+            async move { Ok::<_, std::convert::Infallible>(answer.await) }
+        };
+        tokio::spawn(serve(
+            listener,
+            settings(),
+            tower::service_fn(serve_fn),
+            stopped,
+        ));
+        Self {
+            addr,
+            seen,
+            _stop: stop,
+        }
+    }
+
+    /// Waits (up to 20 s) until a request has reached the upstream.
+    pub async fn wait_for_a_request(&self) {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while self.seen().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("a request reached the upstream");
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("lock").clone()
+    }
+
+    pub fn url(&self) -> http::Uri {
+        format!("http://{}", self.addr).parse().expect("uri")
+    }
+}
+
+pub fn settings() -> ServerSettings {
+    ServerSettings {
+        header_read_timeout: Duration::from_secs(10),
+        max_header_bytes: 64 * 1024,
+        drain_timeout: Duration::from_secs(10),
+        max_concurrent_requests: 64,
+    }
+}
+
+/// The proxy under test.
+pub struct Sidecar {
+    pub addr: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    pub store: Arc<MappingStore>,
+    pub proxy: Arc<Proxy>,
+    pub stop: watch::Sender<bool>,
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+pub struct Options {
+    /// The address the proxy binds (default `127.0.0.1:0`).
+    pub bind: &'static str,
+    /// The listen address the proxy is configured with, when it differs
+    /// from the bound one (as `--listen 127.0.0.2:0`, an ephemeral port).
+    pub configured_listen: Option<SocketAddr>,
+    pub allow_physical: bool,
+    pub advertise_url: Option<http::Uri>,
+    pub max_metadata_bytes: usize,
+    pub auth: Auth,
+    pub mapping: Option<Mapping>,
+    pub upstream_timeout: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:0",
+            configured_listen: None,
+            allow_physical: false,
+            advertise_url: None,
+            max_metadata_bytes: 1024 * 1024,
+            auth: Auth::None,
+            mapping: Some(mapping(PHYSICAL)),
+            upstream_timeout: None,
+        }
+    }
+}
+
+pub fn mapping(physical: &str) -> Mapping {
+    Mapping::new([
+        ("photos".to_owned(), physical.to_owned()),
+        ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+    ])
+    .expect("valid mapping")
+}
+
+impl Sidecar {
+    pub async fn start(upstream: &Upstream, options: Options) -> Self {
+        let listener = TcpListener::bind(options.bind).await.expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let store = Arc::new(MappingStore::new(None, Vec::new()));
+        if let Some(m) = options.mapping {
+            store.set(m);
+        }
+        let proxy_settings = ProxySettings {
+            allow_physical_names: options.allow_physical,
+            max_metadata_bytes: options.max_metadata_bytes,
+            upstream_timeout: options.upstream_timeout,
+            listen: options.configured_listen.unwrap_or(addr),
+            advertise_url: options.advertise_url.clone(),
+        };
+        let client = build_client(Duration::from_secs(5), Duration::from_secs(30)).expect("client");
+        let metrics = Arc::new(Metrics::new());
+        let proxy = Arc::new(
+            Proxy::new(
+                store.clone(),
+                client,
+                &upstream.url(),
+                metrics.clone(),
+                proxy_settings,
+            )
+            .expect("proxy"),
+        );
+        let (stop, stopped) = watch::channel(false);
+        let stack = proxy_stack(proxy.clone(), options.auth);
+        let task = tokio::spawn(serve(listener, settings(), stack, stopped));
+        Self {
+            addr,
+            metrics,
+            store,
+            proxy,
+            stop,
+            task,
+        }
+    }
+
+    pub fn url(&self, target: &str) -> String {
+        format!("http://{}{target}", self.addr)
+    }
+
+    /// `GET target` without a body.
+    pub async fn get(&self, target: &str) -> Answer {
+        send(request(Method::GET, &self.url(target), empty())).await
+    }
+}
+
+pub fn client() -> Client<HttpConnector, ProxyBody> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+pub async fn send(req: Request<ProxyBody>) -> Answer {
+    let response = tokio::time::timeout(TIMEOUT, client().request(req))
+        .await
+        .expect("no timeout")
+        .expect("response");
+    let (parts, body) = response.into_parts();
+    let body = tokio::time::timeout(TIMEOUT, body.collect())
+        .await
+        .expect("no timeout")
+        .expect("body")
+        .to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub fn request(method: Method, url: &str, body: ProxyBody) -> Request<ProxyBody> {
+    let mut req = Request::new(body);
+    *req.method_mut() = method;
+    *req.uri_mut() = url.parse().expect("url");
+    req
+}
+
+pub fn json_response(status: StatusCode, value: Value) -> Response<ProxyBody> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=UTF-8"),
+    );
+    response
+}
+
+pub fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    Arc::new(move |req| Box::pin(f(req)))
+}
+
+/// An object resource as GCS returns it, for `bucket`/`name`.
+pub fn object(base: &str, bucket: &str, name_encoded: &str, name: &str) -> Value {
+    json!({
+        "kind": "storage#object",
+        "id": format!("{bucket}/{name}/1"),
+        "bucket": bucket,
+        "name": name,
+        "selfLink": format!("{base}/storage/v1/b/{bucket}/o/{name_encoded}"),
+        "mediaLink": format!("{base}/download/storage/v1/b/{bucket}/o/{name_encoded}?generation=1&alt=media"),
+        "generation": "1",
+    })
+}
+
+pub fn echo_object_handler() -> Handler {
+    handler(|req: Request<Incoming>| async move {
+        let path = req.uri().path().to_owned();
+        let parts: Vec<&str> = path.split('/').collect();
+        // /storage/v1/b/{bucket}/o/{object}
+        let bucket = parts.get(4).copied().unwrap_or_default();
+        let name_encoded = parts.get(6).copied().unwrap_or_default();
+        let name = percent_encoding::percent_decode_str(name_encoded)
+            .decode_utf8_lossy()
+            .into_owned();
+        json_response(
+            StatusCode::OK,
+            object(
+                "https://storage.googleapis.com",
+                bucket,
+                name_encoded,
+                &name,
+            ),
+        )
+    })
+}
+
+/// A client body fed through a channel, so the test decides when each piece goes.
+pub fn channel_body() -> (
+    futures::channel::mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
+    ProxyBody,
+) {
+    let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
+    (tx, BodyExt::boxed(StreamBody::new(rx)))
+}
+
+/// A concrete path for a discovery template: `bucket` for the bucket
+/// segments, `x` for the other parameters.
+pub fn example_path(segments: &[Segment], bucket: &str) -> String {
+    let parts: Vec<&str> = segments
+        .iter()
+        .map(|s| match s {
+            Segment::Literal(lit) => lit.as_str(),
+            Segment::Bucket => bucket,
+            Segment::Param => "x",
+        })
+        .collect();
+    format!("/storage/v1/{}", parts.join("/"))
+}

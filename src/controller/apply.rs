@@ -1,0 +1,579 @@
+//! Creating and keeping a bucket as declared, in phases:
+//! validate → resolve project → ensure bucket → correct drift → publish →
+//! mark Ready. A phase either hands its result to the next one or ends the
+//! reconcile with the [`Action`] it chose (having said why in the status).
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use google_cloud_storage::model::Bucket;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::status::StatusWriter;
+use super::{Context, PROJECT_ANNOTATION, resync};
+use crate::bucket_map::Verdict;
+use crate::conditions::reason;
+use crate::crd::{BindingReference, Gcs, GcsStatus};
+use crate::gcs::{GcsError, GcsErrorKind};
+use crate::naming::{self, Identity, OWNER_LABEL};
+use crate::publish;
+use crate::settings::Settings;
+use crate::slots::Slot;
+use crate::{Error, Result};
+
+/// The value of a phase, or the end of the reconcile with the phase's action.
+macro_rules! phase {
+    ($phase:expr) => {
+        match $phase {
+            ControlFlow::Continue(value) => value,
+            ControlFlow::Break(action) => return Ok(action),
+        }
+    };
+}
+
+/// Creates the bucket if needed, corrects drift, publishes it, reports Ready.
+pub(super) async fn apply(
+    obj: Arc<Gcs>,
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    slot: &mut Slot,
+) -> Result<Action> {
+    phase!(validate(&obj, ctx, status).await?);
+    let project = phase!(resolve_project(&obj, ctx, status).await?);
+    let uid = obj.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+    let owner = naming::owner_id(&uid);
+    let request = BucketRequest {
+        obj: &obj,
+        project: &project,
+        owner: &owner,
+        desired: Settings::desired(&obj.spec, &owner),
+        identity: Identity {
+            namespace: &ns,
+            name: &name,
+            uid: &uid,
+        },
+    };
+    let bucket = phase!(ensure_bucket_phase(ctx, status, &request).await?);
+    correct_drift(ctx, &request, &bucket).await?;
+    phase!(publish(ctx, status, slot, &request, &bucket.bucket_id).await?);
+    mark_ready(status, &bucket.bucket_id, &project).await?;
+    Ok(resync(ctx))
+}
+
+/// Phase 1: the spec is valid and the namespace cache can be trusted.
+async fn validate(
+    obj: &Gcs,
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+) -> Result<ControlFlow<Action>> {
+    if let Err(message) = naming::validate_logical_name(&obj.spec.bucket_name) {
+        status.not_ready(reason::INVALID_SPEC, message).await?;
+        return Ok(ControlFlow::Break(Action::await_change()));
+    }
+    if !ctx.namespaces_synced.load(Ordering::Acquire) {
+        // Without the namespace's annotation the project could be wrong.
+        return Ok(ControlFlow::Break(Action::requeue(Duration::from_millis(
+            200,
+        ))));
+    }
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Phase 2: the project the bucket must live in.
+async fn resolve_project(
+    obj: &Gcs,
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+) -> Result<ControlFlow<Action, String>> {
+    let ns = obj.namespace().unwrap_or_default();
+    let annotated = ctx
+        .namespaces
+        .get(&kube::runtime::reflector::ObjectRef::new(&ns))
+        .and_then(|n| n.annotations().get(PROJECT_ANNOTATION).cloned());
+    let resolved = project_for(
+        &ns,
+        obj.spec.project_id.as_deref(),
+        annotated.as_deref(),
+        ctx.config.default_project.as_deref(),
+    )
+    .and_then(|project| still_in_recorded_project(&status.status, project));
+    match resolved {
+        Ok(project) => Ok(ControlFlow::Continue(project)),
+        Err(refusal) => {
+            status.not_ready(refusal.reason, refusal.message).await?;
+            Ok(ControlFlow::Break(resync(ctx)))
+        }
+    }
+}
+
+/// Why a resource cannot go on: the reason and message of `Ready`.
+#[derive(Debug, PartialEq, Eq)]
+struct Refusal {
+    reason: &'static str,
+    message: String,
+}
+
+/// Where the bucket of a resource in namespace `ns` must live: the spec's
+/// project, which must match the namespace's annotation when it has one;
+/// else the annotation; else the operator's default.
+fn project_for(
+    ns: &str,
+    spec: Option<&str>,
+    annotated: Option<&str>,
+    default: Option<&str>,
+) -> std::result::Result<String, Refusal> {
+    let annotated = annotated.filter(|p| !p.is_empty());
+    match (spec, annotated) {
+        (Some(spec), Some(ns_project)) if spec != ns_project => Err(Refusal {
+            reason: reason::PROJECT_NOT_ALLOWED,
+            message: format!(
+                "spec.projectID {spec} is not allowed in namespace {ns}: its annotation {PROJECT_ANNOTATION} pins buckets to project {ns_project}"
+            ),
+        }),
+        (Some(spec), _) => Ok(spec.to_owned()),
+        (None, Some(ns_project)) => Ok(ns_project.to_owned()),
+        (None, None) => default.map(str::to_owned).ok_or_else(|| Refusal {
+            reason: reason::PROJECT_MISSING,
+            message: format!(
+                "no project: set spec.projectID, annotate namespace {ns} with {PROJECT_ANNOTATION}, or start the operator with --default-project"
+            ),
+        }),
+    }
+}
+
+/// `project`, unless the bucket already lives in another one (GCS cannot
+/// move a bucket).
+fn still_in_recorded_project(
+    status: &GcsStatus,
+    project: String,
+) -> std::result::Result<String, Refusal> {
+    match (&status.project_id, &status.bucket_full_name) {
+        (Some(existing), Some(_)) if *existing != project => Err(Refusal {
+            reason: reason::PROJECT_CHANGED,
+            message: format!(
+                "the bucket lives in project {existing} but the project now resolves to {project}; GCS cannot move a bucket: restore the project or create a new Gcs resource"
+            ),
+        }),
+        _ => Ok(project),
+    }
+}
+
+/// What finding or creating the bucket needs to know.
+struct BucketRequest<'a> {
+    obj: &'a Gcs,
+    project: &'a str,
+    /// Value of the ownership label on our buckets.
+    owner: &'a str,
+    desired: Settings,
+    identity: Identity<'a>,
+}
+
+impl BucketRequest<'_> {
+    fn owns(&self, bucket: &Bucket) -> bool {
+        bucket.labels.get(OWNER_LABEL).map(String::as_str) == Some(self.owner)
+    }
+
+    fn candidate(&self, attempt: u32) -> String {
+        naming::physical_name(&self.obj.spec.bucket_name, self.identity, attempt)
+    }
+}
+
+/// Phase 3: the bucket, found or created.
+async fn ensure_bucket_phase(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+) -> Result<ControlFlow<Action, Bucket>> {
+    match ensure_bucket(ctx, status, request).await? {
+        Some(bucket) => Ok(ControlFlow::Continue(bucket)),
+        None => {
+            // The condition says why (taken names, or not ours any more).
+            status.flush().await?;
+            Ok(ControlFlow::Break(resync(ctx)))
+        }
+    }
+}
+
+/// Finds or creates the bucket, advancing the naming attempt on conflicts.
+/// `None` when the bucket cannot be had (the condition says why).
+async fn ensure_bucket(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+) -> Result<Option<Bucket>> {
+    if let ControlFlow::Break(found) = recorded_bucket(ctx, status, request).await? {
+        return Ok(found);
+    }
+    let mut attempt = status.status.name_attempt.unwrap_or(0);
+    loop {
+        let physical = match &status.status.bucket_full_name {
+            Some(n) => n.clone(),
+            None => request.candidate(attempt),
+        };
+        announce_candidate(ctx, status, request, &physical, attempt).await?;
+        if let Some(bucket) = create_or_adopt(ctx, request, &physical).await? {
+            status.created_now();
+            return Ok(Some(bucket));
+        }
+        // The name belongs to somebody else: never touch it, pick the next.
+        match next_attempt(&physical, attempt, ctx.config.max_name_attempts) {
+            Ok(next) => {
+                let name = request.candidate(next);
+                let note =
+                    format!("Bucket name {physical} belongs to somebody else; trying {name}");
+                name_conflict_event(ctx, request.obj, note).await;
+                status.status.bucket_full_name = Some(name);
+                attempt = next;
+            }
+            Err(message) => {
+                status.ready(false, reason::NAME_CONFLICT, message.clone());
+                name_conflict_event(ctx, request.obj, message).await;
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// The attempt after candidate `attempt` (named `taken`) turned out to be
+/// somebody else's, or why there is none: at most `max_attempts` candidates.
+fn next_attempt(taken: &str, attempt: u32, max_attempts: u32) -> std::result::Result<u32, String> {
+    let next = attempt.saturating_add(1);
+    if next >= max_attempts {
+        return Err(format!(
+            "bucket name {taken} and {} earlier candidates belong to somebody else; gave up after {next} attempts",
+            next - 1
+        ));
+    }
+    Ok(next)
+}
+
+async fn name_conflict_event(ctx: &Context, obj: &Gcs, note: String) {
+    let (reason, action) = (reason::NAME_CONFLICT, "CreateBucket");
+    ctx.event(obj, EventType::Warning, reason, action, note)
+        .await;
+}
+
+/// A bucket created before must still be there and still be ours.
+/// `Break` with the answer, or `Continue` to (re)create it.
+async fn recorded_bucket(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+) -> Result<ControlFlow<Option<Bucket>>> {
+    let (Some(physical), Some(_)) = (
+        status.status.bucket_full_name.clone(),
+        &status.status.create_time,
+    ) else {
+        return Ok(ControlFlow::Continue(()));
+    };
+    match ctx.gcs.get_bucket(&physical).await? {
+        Some(b) if request.owns(&b) => Ok(ControlFlow::Break(Some(b))),
+        Some(_) => {
+            status.ready(
+                false,
+                reason::NOT_OWNED,
+                format!("bucket {physical} exists but is no longer owned by this resource; leaving it untouched"),
+            );
+            Ok(ControlFlow::Break(None))
+        }
+        None => {
+            warn!(bucket = %physical, "bucket deleted out of band; recreating");
+            ctx.event(
+                request.obj,
+                EventType::Warning,
+                "BucketRecreated",
+                "CreateBucket",
+                format!("Bucket {physical} was deleted outside of bucketmap; recreating it with the same name"),
+            )
+            .await;
+            Ok(ControlFlow::Continue(()))
+        }
+    }
+}
+
+/// Records the candidate name in the status, and writes it first when a
+/// crash could otherwise lose it.
+///
+/// A crash or a lost response must only ever lead back to this same name.
+/// Attempt 0 is derived from the uid, so a restart finds it again without a
+/// status write; a later attempt is persisted before the create. A create
+/// that has to wait for its turn is reported as `Creating` meanwhile.
+/// (Skipping the write for an immediate first attempt saves one API write
+/// per resource.)
+async fn announce_candidate(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    physical: &str,
+    attempt: u32,
+) -> Result<()> {
+    let project = request.project;
+    status.name(physical, project, attempt);
+    if attempt > 0 || !ctx.pacer.is_free(project) {
+        if status.status.create_time.is_none() {
+            status.ready(
+                false,
+                reason::CREATING,
+                format!("Creating bucket {physical} in project {project}"),
+            );
+        }
+        status.flush().await?;
+    }
+    Ok(())
+}
+
+/// Creates bucket `physical`; if the name is taken, adopts it when it is
+/// ours (an earlier create whose response was lost). `None`: somebody else's.
+async fn create_or_adopt(
+    ctx: &Context,
+    request: &BucketRequest<'_>,
+    physical: &str,
+) -> Result<Option<Bucket>> {
+    let project = request.project;
+    let location = request.obj.spec.location.to_ascii_uppercase();
+    let bucket = request.desired.to_bucket().set_location(location);
+    let create = ctx.gcs.create_bucket(project, physical, bucket);
+    match ctx.pacer.run(project, create).await {
+        Ok(b) => {
+            info!(bucket = %physical, project, "created bucket");
+            let note = format!("Created bucket {physical} in project {project}");
+            ctx.event(
+                request.obj,
+                EventType::Normal,
+                "Created",
+                "CreateBucket",
+                note,
+            )
+            .await;
+            Ok(Some(b))
+        }
+        Err(e) if e.kind == GcsErrorKind::AlreadyExists => {
+            match ctx.gcs.get_bucket(physical).await {
+                Ok(Some(b)) if request.owns(&b) => Ok(Some(b)),
+                Ok(Some(_))
+                | Err(GcsError {
+                    kind: GcsErrorKind::PermissionDenied,
+                    ..
+                }) => Ok(None),
+                Ok(None) => Err(e.into()),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Phase 4: the bucket's settings as declared.
+async fn correct_drift(ctx: &Context, request: &BucketRequest<'_>, bucket: &Bucket) -> Result<()> {
+    let drift = request.desired.drift(&Settings::observed(bucket));
+    if drift.is_empty() {
+        return Ok(());
+    }
+    let physical = &bucket.bucket_id;
+    let mask: Vec<&str> = drift.iter().map(|f| f.mask_path()).collect();
+    ctx.gcs
+        .update_bucket(
+            physical,
+            request.desired.to_bucket(),
+            &mask,
+            bucket.metageneration,
+        )
+        .await?;
+    info!(bucket = %physical, fields = ?mask, "corrected drift");
+    ctx.event(
+        request.obj,
+        EventType::Normal,
+        "Updated",
+        "UpdateBucket",
+        format!("Bucket {physical}: set {} as declared", mask.join(", ")),
+    )
+    .await;
+    Ok(())
+}
+
+/// Phase 5: the map entry and the binding Secret. Published before Ready:
+/// Ready means the map has the entry. The wait for the map write gives the
+/// work slot to another reconcile.
+async fn publish(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    slot: &mut Slot,
+    request: &BucketRequest<'_>,
+    physical: &str,
+) -> Result<ControlFlow<Action>> {
+    let obj = request.obj;
+    let verdict = slot
+        .released_while(ctx.maps.publish(obj, physical))
+        .await??;
+    let (why, message) = match verdict {
+        Verdict::Published => {
+            publish::write_binding(&ctx.client, &ctx.secrets, obj, physical, request.project)
+                .await?;
+            status.status.binding = Some(BindingReference {
+                name: publish::binding_secret_name(&obj.name_any()),
+            });
+            return Ok(ControlFlow::Continue(()));
+        }
+        Verdict::Conflict(message) => (reason::MAPPING_CONFLICT, message),
+        Verdict::TooLarge(message) => (reason::MAP_FULL, message),
+    };
+    status.not_ready(why, message).await?;
+    Ok(ControlFlow::Break(resync(ctx)))
+}
+
+/// Phase 6: `Ready`.
+async fn mark_ready(status: &mut StatusWriter<'_>, physical: &str, project: &str) -> Result<()> {
+    status.ready(
+        true,
+        reason::BUCKET_READY,
+        format!("Bucket {physical} is ready in project {project}"),
+    );
+    status.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NS: &str = "team-a";
+
+    fn refusal_reason(r: std::result::Result<String, Refusal>) -> &'static str {
+        match r {
+            Ok(project) => panic!("resolved to {project}, expected a refusal"),
+            Err(refusal) => refusal.reason,
+        }
+    }
+
+    #[test]
+    fn the_spec_project_wins_when_the_namespace_pins_none() {
+        let p = project_for(NS, Some("spec-p"), None, Some("default-p"));
+        assert_eq!(p, Ok("spec-p".to_owned()));
+        let p = project_for(NS, Some("spec-p"), Some(""), Some("default-p"));
+        assert_eq!(
+            p,
+            Ok("spec-p".to_owned()),
+            "an empty annotation pins nothing"
+        );
+    }
+
+    #[test]
+    fn the_spec_project_must_match_the_namespace_annotation() {
+        let p = project_for(NS, Some("same"), Some("same"), None);
+        assert_eq!(p, Ok("same".to_owned()));
+        let refused = project_for(NS, Some("spec-p"), Some("ns-p"), Some("default-p"));
+        let Err(refusal) = refused else {
+            panic!("a spec project other than the namespace's was accepted");
+        };
+        assert_eq!(refusal.reason, reason::PROJECT_NOT_ALLOWED);
+        for part in ["spec-p", "ns-p", NS, PROJECT_ANNOTATION] {
+            assert!(
+                refusal.message.contains(part),
+                "{part} in {}",
+                refusal.message
+            );
+        }
+    }
+
+    #[test]
+    fn the_namespace_annotation_comes_before_the_default() {
+        let p = project_for(NS, None, Some("ns-p"), Some("default-p"));
+        assert_eq!(p, Ok("ns-p".to_owned()));
+        let p = project_for(NS, None, Some(""), Some("default-p"));
+        assert_eq!(
+            p,
+            Ok("default-p".to_owned()),
+            "an empty annotation is no project"
+        );
+        let p = project_for(NS, None, None, Some("default-p"));
+        assert_eq!(p, Ok("default-p".to_owned()));
+    }
+
+    #[test]
+    fn no_project_anywhere_is_project_missing() {
+        let r = project_for(NS, None, None, None);
+        assert_eq!(refusal_reason(r), reason::PROJECT_MISSING);
+        let r = project_for(NS, None, Some(""), None);
+        assert_eq!(refusal_reason(r), reason::PROJECT_MISSING);
+    }
+
+    #[test]
+    fn a_bucket_never_moves_to_another_project() {
+        let fresh = GcsStatus::default();
+        assert_eq!(
+            still_in_recorded_project(&fresh, "p2".into()),
+            Ok("p2".to_owned())
+        );
+        let named = GcsStatus {
+            project_id: Some("p1".into()),
+            bucket_full_name: Some("photos-k3x9q2mw".into()),
+            ..GcsStatus::default()
+        };
+        assert_eq!(
+            still_in_recorded_project(&named, "p1".into()),
+            Ok("p1".to_owned())
+        );
+        let r = still_in_recorded_project(&named, "p2".into());
+        assert_eq!(refusal_reason(r), reason::PROJECT_CHANGED);
+        // A project without a bucket name was never used for a bucket.
+        let unnamed = GcsStatus {
+            project_id: Some("p1".into()),
+            ..GcsStatus::default()
+        };
+        assert_eq!(
+            still_in_recorded_project(&unnamed, "p2".into()),
+            Ok("p2".to_owned())
+        );
+    }
+
+    #[test]
+    fn naming_tries_max_attempts_candidates_then_reports_the_conflict() {
+        let identity = Identity {
+            namespace: NS,
+            name: "photos",
+            uid: "0b6c7a4e-3f4e-4c1e-9a55-2f1f6c1d8e01",
+        };
+        let mut attempt = 0;
+        let mut tried = vec![naming::physical_name("photos", identity, attempt)];
+        let message = loop {
+            let taken = &tried[tried.len() - 1];
+            match next_attempt(taken, attempt, 5) {
+                Ok(next) => {
+                    assert_eq!(next, attempt + 1);
+                    attempt = next;
+                    tried.push(naming::physical_name("photos", identity, attempt));
+                }
+                Err(message) => break message,
+            }
+        };
+        assert_eq!(tried.len(), 5, "{tried:?}");
+        let distinct: std::collections::HashSet<&String> = tried.iter().collect();
+        assert_eq!(distinct.len(), 5, "candidates repeat: {tried:?}");
+        assert!(tried.iter().all(|n| n.starts_with("photos-")), "{tried:?}");
+        assert_eq!(
+            message,
+            format!(
+                "bucket name {} and 4 earlier candidates belong to somebody else; gave up after 5 attempts",
+                tried[4]
+            )
+        );
+    }
+
+    #[test]
+    fn naming_resumes_from_the_recorded_attempt_and_respects_small_limits() {
+        assert_eq!(next_attempt("b-2", 2, 5), Ok(3));
+        assert!(next_attempt("b-4", 4, 5).is_err());
+        let only_one = next_attempt("b-0", 0, 1);
+        assert_eq!(
+            only_one,
+            Err("bucket name b-0 and 0 earlier candidates belong to somebody else; gave up after 1 attempts".to_owned())
+        );
+        assert!(next_attempt("b-0", 0, 0).is_err());
+        assert!(next_attempt("b", u32::MAX, u32::MAX).is_err());
+    }
+}

@@ -1,0 +1,275 @@
+//! The reconciler: `Gcs` resources into buckets.
+//!
+//! [`run`] builds the watches and drives the controller (module `watches`).
+//! [`reconcile`] wraps [`kube::runtime::finalizer()`]: the finalizer is added
+//! before any GCS call; `apply` creates and keeps the bucket as declared, in
+//! short named phases (module `apply`); `cleanup` deletes it safely (module
+//! `cleanup`). Status is computed, compared with what the object already
+//! shows, and written (server-side apply on the status subresource) only
+//! when it changed (module `status`). [`error_policy`] backs off per object.
+
+mod apply;
+mod cleanup;
+mod status;
+mod watches;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use tracing::{instrument, warn};
+
+use crate::bucket_map::{self, BucketMaps};
+use crate::crd::{FINALIZER, Gcs};
+use crate::gcs::{GcsClient, Pacer};
+use crate::metrics::Metrics;
+use crate::slots::Slots;
+use crate::{Error, Result};
+
+pub use watches::run;
+
+/// Field manager of the operator's writes.
+pub const FIELD_MANAGER: &str = "bucketmap";
+/// Namespace annotation naming the project of the namespace's buckets.
+pub const PROJECT_ANNOTATION: &str = "bucketmap.dev/project-id";
+
+/// Operator settings (from flags).
+#[derive(Debug, Clone)]
+pub struct OperatorConfig {
+    /// Project used when neither the spec nor the namespace names one.
+    pub default_project: Option<String>,
+    /// Period of the drift check for each resource (jittered ±10 %).
+    pub resync: Duration,
+    /// How many candidate names to try before giving up with `NameConflict`.
+    pub max_name_attempts: u32,
+    /// Watch only this namespace (all namespaces when `None`).
+    pub namespace: Option<String>,
+    /// Reconciles doing work at once (0: unbounded); see [`crate::slots`].
+    pub concurrency: u16,
+    /// Minimum interval between bucket creates/deletes in one project.
+    pub bucket_ops_interval: Option<Duration>,
+    /// Name of the per-namespace ConfigMap holding the bucket map.
+    pub map_name: String,
+    /// Budget of one namespace's bucket map (see [`crate::bucket_map`]).
+    pub map_max_bytes: usize,
+    /// Pause between the first claim of a burst and the map write.
+    pub map_debounce: Duration,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        OperatorConfig {
+            default_project: None,
+            resync: Duration::from_secs(600),
+            max_name_attempts: 5,
+            namespace: None,
+            concurrency: 32,
+            bucket_ops_interval: Some(Duration::from_secs(2)),
+            map_name: "bucketmap".to_owned(),
+            map_max_bytes: bucket_map::DEFAULT_MAX_MAP_BYTES,
+            map_debounce: bucket_map::DEFAULT_DEBOUNCE,
+        }
+    }
+}
+
+/// State shared by all reconciles.
+pub struct Context {
+    pub client: kube::Client,
+    pub gcs: GcsClient,
+    pub events: crate::events::Events,
+    pub metrics: Arc<Metrics>,
+    pub config: OperatorConfig,
+    pacer: Pacer,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    maps: Arc<BucketMaps>,
+    secrets: Store<Secret>,
+    /// The namespace cache holds every namespace: projects can be resolved.
+    namespaces_synced: Arc<AtomicBool>,
+    failures: FailureCounts,
+    /// Reconciles doing work at once (waiting for a map write does not count).
+    slots: Slots,
+}
+
+/// Entry point of one reconciliation.
+#[instrument(skip_all, fields(gcs = %obj.name_any(), namespace = obj.namespace().unwrap_or_default()))]
+pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile_started();
+    let ns = obj
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<Gcs> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut slot = ctx.slots.acquire().await?;
+    let mut status = status::StatusWriter::new(&obj, &ctx);
+    let (writer, context, held) = (&mut status, &*ctx, &mut slot);
+    let result = finalizer(&api, FINALIZER, obj.clone(), move |event| async move {
+        match event {
+            Finalizer::Apply(g) => apply::apply(g, context, writer, held).await,
+            Finalizer::Cleanup(g) => cleanup::cleanup(g, context, writer, held).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(Box::new(other)),
+    });
+    match &result {
+        Ok(_) => ctx.failures.forget(&ObjectRef::from_obj(&*obj)),
+        Err(e) => status::report_failure(&obj, &ctx, &mut status, e).await,
+    }
+    result
+}
+
+/// Backoff after a failed reconcile: exponential per object, capped.
+pub fn error_policy(obj: Arc<Gcs>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_failed(&error.metric_label());
+    let failures = ctx.failures.record(ObjectRef::from_obj(&*obj));
+    let delay = backoff(error, failures);
+    warn!(gcs = %obj.name_any(), error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(jitter(delay))
+}
+
+/// The delay (before jitter) after `failures` consecutive failures of one
+/// object, the latest being `error`: doubles from a base, up to a cap. A
+/// bucket that is not empty yet waits longer: a person has to act.
+fn backoff(error: &Error, failures: u32) -> Duration {
+    let (base, cap) = match error {
+        Error::DeletionBlocked(_) => (Duration::from_secs(5), Duration::from_secs(300)),
+        _ => (Duration::from_millis(500), Duration::from_secs(120)),
+    };
+    base.saturating_mul(1u32 << failures.min(16).saturating_sub(1))
+        .min(cap)
+}
+
+/// Consecutive failed reconciles per object; a success resets the count.
+#[derive(Default)]
+struct FailureCounts(Mutex<HashMap<ObjectRef<Gcs>, u32>>);
+
+impl FailureCounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Gcs>, u32>> {
+        // A poisoned map only holds backoff counters: keep using it.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts one more failure of `key`; returns the count.
+    fn record(&self, key: ObjectRef<Gcs>) -> u32 {
+        let mut map = self.lock();
+        let n = map.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// `key` reconciled successfully: its next failure starts over.
+    fn forget(&self, key: &ObjectRef<Gcs>) {
+        self.lock().remove(key);
+    }
+}
+
+impl Context {
+    async fn event(&self, obj: &Gcs, type_: EventType, reason: &str, action: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.events.publish(&event, &obj.object_ref(&())).await {
+            warn!(error = %e, reason, "cannot publish event");
+        }
+    }
+}
+
+/// The requeue after a reconcile that did its work: the drift check.
+fn resync(ctx: &Context) -> Action {
+    Action::requeue(jitter(ctx.config.resync))
+}
+
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(0.9 + fastrand::f64() * 0.2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gcs_error() -> Error {
+        Error::Gcs(crate::gcs::GcsError {
+            kind: crate::gcs::GcsErrorKind::Unavailable,
+            operation: "create bucket",
+            bucket: "photos-k3x9q2mw".into(),
+            message: "connection refused".into(),
+        })
+    }
+
+    fn key(name: &str) -> ObjectRef<Gcs> {
+        ObjectRef::new(name).within("team-a")
+    }
+
+    #[test]
+    fn backoff_doubles_from_half_a_second_up_to_two_minutes() {
+        let e = gcs_error();
+        let delays: Vec<Duration> = (1..=10).map(|n| backoff(&e, n)).collect();
+        let mut expected = Duration::from_millis(500);
+        for (n, delay) in delays.iter().enumerate() {
+            assert_eq!(
+                *delay,
+                expected.min(Duration::from_secs(120)),
+                "failure {}",
+                n + 1
+            );
+            expected *= 2;
+        }
+        assert_eq!(backoff(&e, 8), Duration::from_secs(64));
+        assert_eq!(backoff(&e, 9), Duration::from_secs(120));
+        assert_eq!(backoff(&e, 1_000), Duration::from_secs(120));
+        assert_eq!(backoff(&e, u32::MAX), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn a_blocked_deletion_backs_off_from_five_seconds_up_to_five_minutes() {
+        let e = Error::DeletionBlocked("bucket photos-k3x9q2mw is not empty".into());
+        assert_eq!(backoff(&e, 1), Duration::from_secs(5));
+        assert_eq!(backoff(&e, 2), Duration::from_secs(10));
+        assert_eq!(backoff(&e, 6), Duration::from_secs(160));
+        assert_eq!(backoff(&e, 7), Duration::from_secs(300));
+        assert_eq!(backoff(&e, 40), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn failures_count_per_object_and_reset_on_success() {
+        let counts = FailureCounts::default();
+        assert_eq!(counts.record(key("photos")), 1);
+        assert_eq!(counts.record(key("photos")), 2);
+        assert_eq!(counts.record(key("videos")), 1);
+        assert_eq!(counts.record(key("photos")), 3);
+        let before = backoff(&gcs_error(), 3);
+        counts.forget(&key("photos"));
+        // After a success the curve starts again at its base.
+        let after = backoff(&gcs_error(), counts.record(key("photos")));
+        assert_eq!(after, Duration::from_millis(500));
+        assert!(after < before);
+        assert_eq!(counts.record(key("videos")), 2, "other objects keep theirs");
+    }
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        let d = Duration::from_secs(600);
+        for _ in 0..1_000 {
+            let j = jitter(d);
+            assert!(
+                j >= Duration::from_secs(540) && j <= Duration::from_secs(660),
+                "{j:?}"
+            );
+        }
+    }
+}

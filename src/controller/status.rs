@@ -1,0 +1,244 @@
+//! The status a reconcile builds, written once (and only when changed), and
+//! how a failed reconcile shows in it.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tracing::warn;
+
+use super::{Context, FIELD_MANAGER};
+use crate::conditions::{self, READY, reason};
+use crate::crd::{Gcs, GcsStatus};
+use crate::gcs::GcsErrorKind;
+use crate::{Error, Result};
+
+/// The status a reconcile is building, written once at the end if changed.
+pub(super) struct StatusWriter<'a> {
+    obj: &'a Gcs,
+    ctx: &'a Context,
+    pub(super) status: GcsStatus,
+    /// What the API server holds (as far as this reconcile knows).
+    written: Option<GcsStatus>,
+}
+
+impl<'a> StatusWriter<'a> {
+    pub(super) fn new(obj: &'a Gcs, ctx: &'a Context) -> Self {
+        StatusWriter {
+            obj,
+            ctx,
+            status: obj.status.clone().unwrap_or_default(),
+            written: obj.status.clone(),
+        }
+    }
+
+    pub(super) fn ready(&mut self, ready: bool, reason: &str, message: String) {
+        let generation = self.obj.metadata.generation;
+        conditions::set(
+            &mut self.status.conditions,
+            READY,
+            ready,
+            reason,
+            message,
+            generation,
+        );
+        self.status.observed_generation = generation;
+    }
+
+    /// Records the candidate name the bucket is (to be) created under.
+    pub(super) fn name(&mut self, physical: &str, project: &str, attempt: u32) {
+        self.status.bucket_full_name = Some(physical.to_owned());
+        self.status.bucket_name = Some(self.obj.spec.bucket_name.clone());
+        self.status.project_id = Some(project.to_owned());
+        self.status.url = Some(format!("gs://{physical}"));
+        self.status.name_attempt = Some(attempt);
+    }
+
+    /// Records when the bucket was first created (kept afterwards).
+    pub(super) fn created_now(&mut self) {
+        if self.status.create_time.is_none() {
+            self.status.create_time = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        }
+    }
+
+    /// Writes the status if it differs from what the API server holds.
+    pub(super) async fn flush(&mut self) -> Result<()> {
+        if self.written.as_ref() == Some(&self.status) {
+            return Ok(());
+        }
+        write_status(self.obj, &self.ctx.client, &self.status).await?;
+        self.written = Some(self.status.clone());
+        Ok(())
+    }
+
+    /// Sets the `Ready` condition to false for `reason` and writes it.
+    pub(super) async fn not_ready(&mut self, reason: &str, message: String) -> Result<()> {
+        self.ready(false, reason, message);
+        self.flush().await
+    }
+}
+
+async fn write_status(obj: &Gcs, client: &kube::Client, status: &GcsStatus) -> Result<()> {
+    let ns = obj
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = obj.name_any();
+    let api: Api<Gcs> = Api::namespaced(client.clone(), &ns);
+    let patch = serde_json::json!({
+        "apiVersion": Gcs::api_version(&()),
+        "kind": Gcs::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(Error::kube(format!("write status of Gcs {ns}/{name}")))?;
+    Ok(())
+}
+
+/// How a failed reconcile shows: the `Ready` condition and a warning event.
+#[derive(Debug, PartialEq, Eq)]
+struct FailureReport {
+    /// Reason of the `Ready` condition.
+    reason: &'static str,
+    /// Message of the condition and of the event.
+    message: String,
+    /// Reason of the event.
+    event_reason: &'static str,
+}
+
+/// The report of `error` for a bucket in `project`; `None` for errors that
+/// are not reported in the status (Kubernetes errors cannot be reported
+/// through Kubernetes reliably).
+fn failure_report(error: &Error, project: &str) -> Option<FailureReport> {
+    let (reason, message) = match error {
+        Error::Gcs(e) => {
+            let reason = match e.kind {
+                GcsErrorKind::PermissionDenied => reason::PERMISSION_DENIED,
+                GcsErrorKind::ResourceExhausted => reason::QUOTA_EXCEEDED,
+                _ => reason::GCS_ERROR,
+            };
+            (
+                reason,
+                format!("{e} (project {project}); retrying with backoff"),
+            )
+        }
+        Error::DeletionBlocked(msg) => (reason::DELETION_BLOCKED, msg.clone()),
+        Error::BindingNotOwned(msg) => (reason::BINDING_NOT_OWNED, msg.clone()),
+        _ => return None,
+    };
+    // GCS errors share one event reason; the others name their own.
+    let event_reason = match error {
+        Error::Gcs(_) => "ReconcileError",
+        _ => reason,
+    };
+    Some(FailureReport {
+        reason,
+        message,
+        event_reason,
+    })
+}
+
+/// Puts a failed reconcile's cause into the `Ready` condition.
+pub(super) async fn report_failure(
+    obj: &Gcs,
+    ctx: &Context,
+    writer: &mut StatusWriter<'_>,
+    error: &Error,
+) {
+    let project = writer.status.project_id.clone().unwrap_or_default();
+    let Some(report) = failure_report(error, &project) else {
+        return;
+    };
+    let current = writer.status.conditions.iter().find(|c| c.type_ == READY);
+    if current.is_some_and(|c| c.reason == report.reason && c.message == report.message) {
+        return;
+    }
+    if let Err(e) = writer
+        .not_ready(report.reason, report.message.clone())
+        .await
+    {
+        warn!(error = %e, "cannot record failure in status");
+    }
+    ctx.event(
+        obj,
+        EventType::Warning,
+        report.event_reason,
+        "Reconcile",
+        report.message,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gcs::GcsError;
+
+    fn gcs(kind: GcsErrorKind) -> Error {
+        Error::Gcs(GcsError {
+            kind,
+            operation: "create bucket",
+            bucket: "photos-k3x9q2mw".into(),
+            message: "denied by the test".into(),
+        })
+    }
+
+    #[test]
+    fn gcs_errors_map_to_their_reason_and_share_one_event_reason() {
+        let cases = [
+            (GcsErrorKind::PermissionDenied, reason::PERMISSION_DENIED),
+            (GcsErrorKind::ResourceExhausted, reason::QUOTA_EXCEEDED),
+            (GcsErrorKind::Unavailable, reason::GCS_ERROR),
+            (GcsErrorKind::FailedPrecondition, reason::GCS_ERROR),
+            (GcsErrorKind::InvalidArgument, reason::GCS_ERROR),
+            (GcsErrorKind::Other, reason::GCS_ERROR),
+        ];
+        for (kind, expected) in cases {
+            let error = gcs(kind);
+            let report = failure_report(&error, "team-a-project");
+            let report = report.unwrap_or_else(|| panic!("{kind:?} is not reported"));
+            assert_eq!(report.reason, expected, "{kind:?}");
+            assert_eq!(report.event_reason, "ReconcileError", "{kind:?}");
+            assert_eq!(
+                report.message,
+                format!("{error} (project team-a-project); retrying with backoff")
+            );
+        }
+    }
+
+    #[test]
+    fn blocked_deletion_and_foreign_binding_name_their_own_event_reason() {
+        let blocked = Error::DeletionBlocked("bucket b is not empty".into());
+        assert_eq!(
+            failure_report(&blocked, "p"),
+            Some(FailureReport {
+                reason: reason::DELETION_BLOCKED,
+                message: "bucket b is not empty".into(),
+                event_reason: reason::DELETION_BLOCKED,
+            })
+        );
+        let foreign = Error::BindingNotOwned("Secret photos-binding is not ours".into());
+        assert_eq!(
+            failure_report(&foreign, "p"),
+            Some(FailureReport {
+                reason: reason::BINDING_NOT_OWNED,
+                message: "Secret photos-binding is not ours".into(),
+                event_reason: reason::BINDING_NOT_OWNED,
+            })
+        );
+    }
+
+    #[test]
+    fn kubernetes_side_errors_are_not_reported_in_the_status() {
+        for error in [
+            Error::MissingField("metadata.uid"),
+            Error::Publish("conflict writing the map".into()),
+        ] {
+            assert_eq!(failure_report(&error, "p"), None, "{error}");
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The watches feeding the reconciler, and [`run`], which wires them to the
+//! controller.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::{Context, FailureCounts, OperatorConfig, error_policy, reconcile};
+use crate::bucket_map::{BucketMaps, MapSettings};
+use crate::crd::Gcs;
+use crate::gcs::{GcsClient, Pacer};
+use crate::metrics::Metrics;
+use crate::publish;
+use crate::slots::Slots;
+
+type NamespaceMeta = PartialObjectMeta<Namespace>;
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: kube::Client,
+    gcs: GcsClient,
+    metrics: Arc<Metrics>,
+    config: OperatorConfig,
+    on_ready: impl FnOnce() + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (namespaces, ns_stream) = watch_namespaces(&client, &config);
+    let (resources, gcs_stream) = watch_resources(&client, &config);
+    let (configmaps, secrets, cache_tasks) = watch_published(&client, &config);
+    let (wake, woken) = mpsc::unbounded_channel();
+    let settings = MapSettings {
+        map_name: config.map_name.clone(),
+        max_bytes: config.map_max_bytes,
+        debounce: config.map_debounce,
+    };
+    let maps = BucketMaps::new(
+        client.clone(),
+        metrics.clone(),
+        settings,
+        resources.clone(),
+        configmaps,
+        wake,
+    );
+    let concurrency = config.concurrency;
+    let ctx = Arc::new(Context {
+        events: crate::events::Events::new(client.clone(), reporter()),
+        pacer: Pacer::new(config.bucket_ops_interval),
+        namespaces: namespaces.clone(),
+        namespaces_synced: Arc::default(),
+        failures: FailureCounts::default(),
+        slots: Slots::new(concurrency),
+        client,
+        gcs,
+        metrics,
+        config,
+        maps,
+        secrets,
+    });
+    let controller = controller(gcs_stream, resources.clone(), concurrency, woken, ns_stream);
+    let synced = ctx.namespaces_synced.clone();
+    let readiness = tokio::spawn(signal_ready(resources, namespaces, synced, on_ready));
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile loop");
+            }
+        })
+        .await;
+    // The background watches live exactly as long as the controller.
+    readiness.abort();
+    for task in cache_tasks {
+        task.abort();
+    }
+}
+
+fn reporter() -> Reporter {
+    Reporter {
+        controller: "bucketmap".into(),
+        instance: std::env::var("POD_NAME").ok(),
+    }
+}
+
+/// The watched namespaces' metadata (their project annotation), cached;
+/// the stream yields a namespace whose annotations changed.
+fn watch_namespaces(
+    client: &kube::Client,
+    config: &OperatorConfig,
+) -> (
+    Store<NamespaceMeta>,
+    impl Stream<Item = Result<NamespaceMeta, watcher::Error>> + Send + 'static,
+) {
+    let api: Api<NamespaceMeta> = Api::all(client.clone());
+    let watch = match &config.namespace {
+        Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
+        None => watcher::Config::default(),
+    };
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watch)
+        .default_backoff()
+        .modify(|ns: &mut NamespaceMeta| {
+            ns.managed_fields_mut().clear();
+        })
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::annotations, Default::default());
+    (reader, stream)
+}
+
+/// The `Gcs` resources, cached; the stream yields the ones to reconcile.
+fn watch_resources(
+    client: &kube::Client,
+    config: &OperatorConfig,
+) -> (
+    Store<Gcs>,
+    impl Stream<Item = Result<Gcs, watcher::Error>> + Send + 'static,
+) {
+    let api: Api<Gcs> = match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(|g: &mut Gcs| {
+            // Not needed by the reconciler; dropping it keeps the cache small.
+            g.managed_fields_mut().clear();
+        })
+        .reflect(writer)
+        .applied_objects()
+        // Status writes do not trigger reconciles; spec changes, deletion
+        // (which bumps the generation) and finalizer changes do.
+        .predicate_filter(
+            predicates::generation.combine(predicates::finalizers),
+            Default::default(),
+        );
+    (reader, stream)
+}
+
+/// The controller over `resources`, also reconciling refused map claims
+/// that may now succeed (`woken`: an entry left the map) and every resource
+/// of a namespace whose project annotation changed (`namespaces`).
+fn controller(
+    resources: impl Stream<Item = Result<Gcs, watcher::Error>> + Send + 'static,
+    cache: Store<Gcs>,
+    concurrency: u16,
+    woken: mpsc::UnboundedReceiver<ObjectRef<Gcs>>,
+    namespaces: impl Stream<Item = Result<NamespaceMeta, watcher::Error>> + Send + 'static,
+) -> Controller<Gcs> {
+    let controller = Controller::for_stream(resources, cache)
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(Slots::controller_concurrency(concurrency)),
+        )
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken));
+    let store = controller.store();
+    controller.watches_stream(namespaces, move |ns| {
+        let name = ns.name_any();
+        store
+            .state()
+            .into_iter()
+            .filter(|g| g.namespace().as_deref() == Some(name.as_str()))
+            .map(|g| ObjectRef::from_obj(&*g))
+            .collect::<Vec<_>>()
+    })
+}
+
+/// Sets `synced` and calls `on_ready` once both caches hold everything.
+async fn signal_ready(
+    resources: Store<Gcs>,
+    namespaces: Store<NamespaceMeta>,
+    synced: Arc<AtomicBool>,
+    on_ready: impl FnOnce(),
+) {
+    // Re-poll with a timeout: a store's readiness future only wakes its
+    // latest poller, and the controller waits on the same store.
+    loop {
+        let wait = async {
+            let (a, b) = tokio::join!(resources.wait_until_ready(), namespaces.wait_until_ready());
+            a.is_ok() && b.is_ok()
+        };
+        match tokio::time::timeout(Duration::from_millis(200), wait).await {
+            Ok(true) => break,
+            Ok(false) => {
+                warn!("watch caches were dropped before they synced");
+                return;
+            }
+            Err(_) => {}
+        }
+    }
+    synced.store(true, Ordering::Release);
+    info!("caches synced");
+    on_ready();
+}
+
+/// Caches of the bucket maps and binding Secrets, kept by background
+/// watches (they trigger nothing: our own writes would only cause reconciles
+/// that change nothing). The maps keep their `managedFields` (one entry per
+/// writer) so that the writer can see field managers of earlier versions.
+fn watch_published(
+    client: &kube::Client,
+    config: &OperatorConfig,
+) -> (Store<ConfigMap>, Store<Secret>, [JoinHandle<()>; 2]) {
+    let (cm_api, secret_api): (Api<ConfigMap>, Api<Secret>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let (configmaps, cm_writer) = reflector::store();
+    let (secrets, secret_writer) = reflector::store();
+    let cm_watch = watcher::Config::default().fields(&format!("metadata.name={}", config.map_name));
+    let secret_watch = watcher::Config::default().labels(&format!(
+        "{}={}",
+        publish::MANAGED_BY.0,
+        publish::MANAGED_BY.1
+    ));
+    let cm_task = tokio::spawn(
+        watcher(cm_api, cm_watch)
+            .default_backoff()
+            .reflect(cm_writer)
+            .for_each(|_| async {}),
+    );
+    let secret_task = tokio::spawn(
+        watcher(secret_api, secret_watch)
+            .default_backoff()
+            .modify(|o: &mut Secret| o.managed_fields_mut().clear())
+            .reflect(secret_writer)
+            .for_each(|_| async {}),
+    );
+    (configmaps, secrets, [cm_task, secret_task])
+}
