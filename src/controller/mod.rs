@@ -83,10 +83,15 @@ impl Default for OperatorConfig {
 
 /// State shared by all reconciles.
 pub struct Context {
+    /// The Kubernetes API.
     pub client: kube::Client,
+    /// Bucket operations (StorageControl).
     pub gcs: GcsClient,
+    /// Kubernetes Events about `Gcs` resources.
     pub events: crate::events::Events,
+    /// The operator's Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// The command line's settings.
     pub config: OperatorConfig,
     pacer: Pacer,
     namespaces: Store<PartialObjectMeta<Namespace>>,
