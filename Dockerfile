@@ -1,9 +1,10 @@
-# Both binaries in one minimal image:
+# Both product binaries in one minimal image (the test kit and the developer
+# tooling in testkit/ and devtools/ are not built; tests/product.rs checks):
 #   bucketmap          (the operator: `bucketmap operator ...`)
 #   bucketmap-sidecar  (the per-pod proxy)
 # The sidecar and the operator carry their own web PKI roots (webpki-roots),
 # and distroless/cc adds the system CA bundle as well.
-FROM rust:1.91-bookworm AS build
+FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p bucketmap -p bucketmap-sidecar \

@@ -66,3 +66,25 @@ fn the_product_depends_on_no_test_kit_or_developer_tooling() -> anyhow::Result<(
     }
     Ok(())
 }
+
+#[test]
+fn the_image_builds_only_the_two_product_packages() -> anyhow::Result<()> {
+    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile"))?;
+    let builds: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.contains("cargo build") || l.contains("cargo install"))
+        .collect();
+    assert_eq!(builds.len(), 1, "{builds:?}");
+    let words: Vec<&str> = builds[0].split_whitespace().collect();
+    let packages: BTreeSet<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "-p" || w[0] == "--package")
+        .map(|w| w[1])
+        .collect();
+    assert_eq!(packages, BTreeSet::from(["bucketmap", "bucketmap-sidecar"]));
+    assert!(
+        !words.contains(&"--workspace") && !words.contains(&"--all"),
+        "{words:?}"
+    );
+    Ok(())
+}

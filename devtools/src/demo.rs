@@ -1,8 +1,8 @@
-//! The data-plane half of `bucketmap dev`: the sidecar in front of a local
+//! The data-plane half of `cargo dev`: the sidecar in front of a local
 //! GCS emulator, fed with one namespace's bucket map, and an example app
 //! that writes through it with a real client library and the logical name.
 //!
-//! The operator's GCS in `bucketmap dev` is the in-memory gRPC mock (the
+//! The operator's GCS in `cargo dev` is the in-memory gRPC mock (the
 //! control plane); object data needs the JSON/XML APIs, which
 //! fake-gcs-server provides. The demo keeps the two in step: every bucket
 //! in the namespace's map is created in fake-gcs-server too, and the map is

@@ -1,4 +1,4 @@
-//! A real kube-apiserver + etcd control plane for tests and `bucketmap dev`.
+//! A real kube-apiserver + etcd control plane for tests and `cargo dev`.
 //!
 //! [`TestEnv::start`] runs the same binaries controller-runtime's envtest
 //! runs: an `etcd` and a `kube-apiserver`, both on free loopback ports, with

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Provide the real control-plane binaries (kube-apiserver and etcd) used by the
-# integration tests and `bucketmap dev`, the same ones controller-runtime's
+# integration tests and `cargo dev`, the same ones controller-runtime's
 # envtest runs.
 #
 # Prints, as the last line of stdout, a directory holding `kube-apiserver` and

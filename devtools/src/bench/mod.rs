@@ -1,4 +1,4 @@
-//! `bucketmap bench`: the operator as it ships (bucket map and binding
+//! `cargo dev bench`: the operator as it ships (bucket map and binding
 //! Secrets included) at scale against the mock GCS.
 //!
 //! Each shape (N resources over K namespaces) gets a fresh control plane and
@@ -50,7 +50,7 @@ impl FromStr for Shape {
     }
 }
 
-/// Options of `bucketmap bench`.
+/// Options of `cargo dev bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Shapes to measure: N resources over K namespaces as NxK (N alone: one namespace).

@@ -29,7 +29,7 @@ pub struct Call {
 /// they were added; the first match wins and uses up one of its `times`.
 ///
 /// ```
-/// use bucketmap::mock_gcs::Fault;
+/// use bucketmap_testkit::mock_gcs::Fault;
 /// use tonic::Code;
 /// // The next CreateBucket in acme-prod creates the bucket, but the client
 /// // sees UNAVAILABLE (a lost response).

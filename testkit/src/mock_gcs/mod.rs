@@ -1,4 +1,4 @@
-//! In-memory google.storage.v2 gRPC server used by tests, benchmarks and `bucketmap dev`.
+//! In-memory google.storage.v2 gRPC server used by tests, benchmarks and `cargo dev`.
 //!
 //! [`MockGcs`] serves the unary bucket and object-metadata methods of
 //! `google.storage.v2.Storage` (CreateBucket, GetBucket, UpdateBucket,
