@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use common::{Fixture, free_port, physical};
+use bucketmap_testkit::free_port;
+use common::{Fixture, physical};
 
 type TestResult = anyhow::Result<()>;
 

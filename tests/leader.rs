@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use common::{Fixture, free_port, physical};
+use bucketmap_testkit::free_port;
+use common::{Fixture, physical};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bucketmap::webhook::inject::{INJECT_LABEL, MAP_VOLUME, SIDECAR_NAME};
-use common::{Fixture, free_port};
+use bucketmap_testkit::free_port;
+use common::Fixture;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};

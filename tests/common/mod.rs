@@ -310,13 +310,6 @@ impl Drop for Fixture {
     }
 }
 
-/// A loopback port that was free a moment ago.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// The physical name recorded in status.
 pub fn physical(g: &Gcs) -> String {
     g.status
