@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bucket_map;
+pub mod cli;
 pub mod conditions;
 pub mod controller;
 pub mod crd;

@@ -1,4 +1,4 @@
-//! The workspace's other binaries (`bucketmap`, `bucketmap-sidecar`) next
+//! The workspace's other binaries (`bucketmap-sidecar` for the demo) next
 //! to this one, built with the same profile when missing or older than this
 //! binary (which links the operator's library, so it is rebuilt whenever
 //! that changes). Always running `cargo build` would rebuild dependencies

@@ -41,6 +41,11 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         listen: SocketAddr,
     },
+    /// The operator itself, exactly as `bucketmap operator` (the same library
+    /// entry point): the benchmark runs it in its own process from this
+    /// binary, which is always built from the current sources.
+    #[command(hide = true)]
+    Operator(Box<bucketmap::cli::OperatorArgs>),
     /// Write the CRD generated from the Rust types to deploy/crd.yaml and the
     /// Helm chart's crds/ (or, with --check, fail if either is stale).
     Crd(crd::CrdArgs),
@@ -56,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Up(args)) => dev::run(args).await,
         Some(Command::Bench(args)) => bench::bench(args).await,
         Some(Command::Crd(args)) => crd::run(&args),
+        Some(Command::Operator(args)) => bucketmap::cli::run(*args).await,
         Some(Command::MockGcs { listen }) => {
             let mock = bucketmap_testkit::mock_gcs::MockGcs::start_on(listen).await?;
             println!("mock GCS listening on {}", mock.endpoint());

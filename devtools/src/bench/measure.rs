@@ -22,7 +22,9 @@ impl Operator {
         gcs_endpoint: &str,
         resync: Duration,
     ) -> anyhow::Result<Self> {
-        let exe = crate::binaries::sibling("bucketmap", "bucketmap").await?;
+        // This binary's hidden `operator` command runs `bucketmap operator`'s
+        // entry point, so the operator measured is always the current one.
+        let exe = std::env::current_exe().context("cannot find this binary")?;
         let port = bucketmap_testkit::free_port()?;
         let mut command = tokio::process::Command::new(exe);
         command

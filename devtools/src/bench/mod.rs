@@ -4,8 +4,11 @@
 //! Each shape (N resources over K namespaces) gets a fresh control plane and
 //! mock GCS. First the baseline: the API server alone stores the same N
 //! objects over K namespaces (nobody reconciles; they are then deleted).
-//! Then `bucketmap operator` runs as a separate process watching every
-//! namespace, as it does when installed, so its peak RSS is its own; the N
+//! Then the operator runs as a separate process watching every namespace, as
+//! it does when installed, so its peak RSS is its own: `bucketmap operator`'s
+//! entry point (`bucketmap::cli::run`), started through this binary's hidden
+//! `operator` command so that it is always the current code (its extra,
+//! untouched code pages do not count in the RSS); the N
 //! resources are created again and the bench waits until all are Ready.
 //! Every figure is printed next to its baseline from the same run. The API
 //! server's own metrics count the writes per resource and its CPU seconds.

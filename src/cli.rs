@@ -1,0 +1,278 @@
+//! `bucketmap operator`: its command line and what it runs. The `bucketmap`
+//! binary is a thin shell around [`run`]; the benchmark (`cargo dev bench`)
+//! runs the same entry point in its own process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use crate::controller::{self, OperatorConfig};
+use crate::gcs::{GcsClient, GcsConfig};
+use crate::leader::{self, LeaderElection};
+use crate::metrics::{self, Health, Metrics};
+
+/// Where GCS is and how to authenticate.
+#[derive(Args, Debug, Clone)]
+pub struct GcsArgs {
+    /// GCS endpoint (default: https://storage.googleapis.com), e.g. an emulator.
+    #[arg(long, env = "BUCKETMAP_GCS_ENDPOINT")]
+    gcs_endpoint: Option<String>,
+    /// Send no credentials to GCS (emulators); otherwise Application Default Credentials.
+    #[arg(long, env = "BUCKETMAP_GCS_ANONYMOUS")]
+    gcs_anonymous: bool,
+}
+
+impl GcsArgs {
+    fn config(&self) -> GcsConfig {
+        GcsConfig {
+            endpoint: self.gcs_endpoint.clone(),
+            anonymous: self.gcs_anonymous,
+        }
+    }
+}
+
+/// The options of `bucketmap operator`.
+#[derive(Args, Debug)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    gcs: GcsArgs,
+    /// Project for resources whose spec and namespace name none.
+    #[arg(long, env = "BUCKETMAP_DEFAULT_PROJECT")]
+    default_project: Option<String>,
+    /// Drift check period per resource (jittered ±10 %).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    resync: Duration,
+    /// Minimum interval between bucket creates/deletes per project (GCS allows ~1 per 2 s); 0 disables.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    bucket_ops_interval: Duration,
+    /// Candidate names tried before reporting NameConflict.
+    #[arg(long, default_value_t = 5)]
+    max_name_attempts: u32,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "BUCKETMAP_NAMESPACE")]
+    namespace: Option<String>,
+    /// Reconciles doing work (GCS calls, API writes) at once; one waiting
+    /// for its namespace's map write does not count (0: unbounded).
+    #[arg(long, default_value_t = 32)]
+    concurrency: u16,
+    /// Name of the per-namespace ConfigMap that maps logical to physical names.
+    #[arg(long, default_value = "bucketmap")]
+    map_name: String,
+    /// Bytes one namespace's bucket map may hold (entries count twice their
+    /// logical name, plus the physical name and 16). The default fits the API
+    /// server's and etcd's limits; resources beyond it report MapFull.
+    #[arg(long, default_value_t = crate::bucket_map::DEFAULT_MAX_MAP_BYTES)]
+    map_max_bytes: usize,
+    /// Pause between the first change of a namespace's bucket map and its
+    /// write, so that a burst of new resources makes one write.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    map_debounce: Duration,
+    /// Run as one of several replicas: only the holder of a Lease reconciles.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "bucketmap-system")]
+    leader_election_namespace: String,
+    /// Name of the leader election Lease.
+    #[arg(long, default_value = "bucketmap-operator")]
+    leader_election_id: String,
+    /// This replica's identity in the Lease (default: $POD_NAME, else host name and pid).
+    #[arg(long)]
+    leader_election_identity: Option<String>,
+    /// How long the Lease stays valid after its last renewal; a standby takes over within it.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// How long before expiry the holder renews the Lease.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    lease_renew_margin: Duration,
+    /// Serve the pod injection webhook (HTTPS) on this address; off when unset.
+    #[arg(long)]
+    webhook_addr: Option<SocketAddr>,
+    /// Directory with tls.crt and tls.key for the webhook (e.g. a cert-manager
+    /// Secret); without it the operator generates and rotates its own.
+    #[arg(long)]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Secret (in the operator's namespace) holding the self-managed webhook certificate.
+    #[arg(long, default_value = "bucketmap-webhook-tls")]
+    webhook_secret: String,
+    /// MutatingWebhookConfiguration whose caBundle the operator keeps current.
+    #[arg(long, default_value = "bucketmap")]
+    webhook_config_name: String,
+    /// Names the webhook certificate is valid for (default: the webhook Service's DNS names).
+    #[arg(long = "webhook-host")]
+    webhook_hosts: Vec<String>,
+    /// Service in front of the webhook (for the default certificate names).
+    #[arg(long, default_value = "bucketmap-webhook")]
+    webhook_service: String,
+    /// Image of the injected sidecar.
+    #[arg(
+        long,
+        env = "BUCKETMAP_SIDECAR_IMAGE",
+        default_value = "bucketmap/bucketmap:0.1.0"
+    )]
+    sidecar_image: String,
+    /// Loopback port of the injected sidecar.
+    #[arg(long, default_value_t = 9023)]
+    sidecar_port: u16,
+    /// Port of the injected sidecar's admin listener (probes, /metrics) on the pod IP.
+    #[arg(long, default_value_t = 9024)]
+    sidecar_admin_port: u16,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+}
+
+fn operator_config(args: &OperatorArgs) -> OperatorConfig {
+    OperatorConfig {
+        default_project: args.default_project.clone(),
+        resync: args.resync,
+        max_name_attempts: args.max_name_attempts.max(1),
+        namespace: args.namespace.clone(),
+        concurrency: args.concurrency,
+        bucket_ops_interval: Some(args.bucket_ops_interval),
+        map_name: args.map_name.clone(),
+        map_max_bytes: args.map_max_bytes,
+        map_debounce: args.map_debounce,
+    }
+}
+
+async fn shutdown_signal() {
+    let signal = crate::termination_signal().await;
+    tracing::info!(signal, "shutting down");
+}
+
+/// Runs the operator until SIGTERM or ctrl-c (as the leader only, with
+/// `--leader-elect`), serving metrics and probes, and the webhook when asked.
+pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot reach the Kubernetes API (kubeconfig or in-cluster config)")?;
+    let metrics = Arc::new(Metrics::default());
+    let gcs = GcsClient::connect(&args.gcs.config(), metrics.clone()).await?;
+    let health = Health::new(metrics.clone());
+    let server = tokio::spawn(metrics::serve(
+        args.metrics_addr,
+        health.clone(),
+        shutdown_signal(),
+    ));
+    let config = operator_config(&args);
+    if let Some(addr) = args.webhook_addr {
+        start_webhook(&args, &client, addr).await?;
+    }
+    let ready = health.clone();
+    let operator = {
+        let client = client.clone();
+        move |stop: tokio::sync::oneshot::Receiver<()>| {
+            controller::run(
+                client,
+                gcs,
+                metrics,
+                config,
+                move || ready.set_ready(true),
+                async {
+                    let _ = stop.await;
+                },
+            )
+        }
+    };
+    let result = if args.leader_elect {
+        let election = leader_election(&args);
+        // A standby is healthy and ready to take over.
+        let standby = health.clone();
+        leader::run_while_leader(
+            client,
+            &election,
+            shutdown_signal(),
+            move || standby.set_ready(true),
+            |stop| {
+                health.set_ready(false);
+                operator(stop)
+            },
+        )
+        .await
+    } else {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let run = tokio::spawn(operator(stopped));
+        shutdown_signal().await;
+        let _ = stop.send(());
+        run.await.context("the operator task panicked")
+    };
+    health.set_ready(false);
+    server.abort();
+    result
+}
+
+/// The Lease this replica competes for (`--leader-elect`).
+fn leader_election(args: &OperatorArgs) -> LeaderElection {
+    LeaderElection {
+        namespace: args.leader_election_namespace.clone(),
+        lease_name: args.leader_election_id.clone(),
+        identity: args
+            .leader_election_identity
+            .clone()
+            .unwrap_or_else(default_identity),
+        lease_duration: args.lease_duration,
+        renew_margin: args.lease_renew_margin,
+    }
+}
+
+/// Starts the pod injection webhook (on every replica, leader or not).
+async fn start_webhook(
+    args: &OperatorArgs,
+    client: &kube::Client,
+    addr: SocketAddr,
+) -> anyhow::Result<()> {
+    use crate::webhook::{self, InjectionConfig, tls::CertSource};
+    let source = match &args.webhook_cert_dir {
+        Some(dir) => CertSource::Files(dir.clone()),
+        None => {
+            let ns = &args.leader_election_namespace;
+            let svc = &args.webhook_service;
+            let hosts = if args.webhook_hosts.is_empty() {
+                vec![
+                    format!("{svc}.{ns}.svc"),
+                    format!("{svc}.{ns}.svc.cluster.local"),
+                ]
+            } else {
+                args.webhook_hosts.clone()
+            };
+            CertSource::SelfManaged {
+                client: client.clone(),
+                namespace: ns.clone(),
+                secret: args.webhook_secret.clone(),
+                hosts,
+                webhook_config: args.webhook_config_name.clone(),
+            }
+        }
+    };
+    anyhow::ensure!(
+        args.sidecar_admin_port != args.sidecar_port,
+        "--sidecar-admin-port and --sidecar-port must differ (both are {})",
+        args.sidecar_port
+    );
+    let certs = webhook::tls::start(source, Duration::from_secs(60)).await?;
+    let cfg = InjectionConfig {
+        sidecar_image: args.sidecar_image.clone(),
+        port: args.sidecar_port,
+        admin_port: args.sidecar_admin_port,
+        map_name: args.map_name.clone(),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = webhook::serve(addr, certs, cfg, shutdown_signal()).await {
+            tracing::error!(error = %format!("{e:#}"), "webhook server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// This replica's identity in the lease: the pod name, else host name and pid.
+fn default_identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    })
+}
