@@ -736,6 +736,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // a table of cases
     fn routes_the_gcs_surface() {
         use Api::*;
         use RequestBody as Req;

@@ -327,6 +327,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::too_many_lines)] // a table of cases
     async fn what_cannot_be_rewritten_never_reaches_the_core() {
         let (layer, metrics) = layer(true);
         let get = |target| request(Method::GET, target, &[]);
