@@ -19,7 +19,8 @@ const HEADER_ALLOWANCE: usize = 16 * 1024;
 
 /// The rewritten body, and how much longer (or shorter) it is than the original.
 pub struct Rewritten {
-    /// The body to send upstream: the translated metadata part, then the rest as it streams.
+    /// The body to send upstream: what was read (with the metadata part
+    /// translated, when it was), then the rest as it streams.
     pub body: ProxyBody,
     /// New length minus original length, in bytes (negative when shorter).
     pub length_delta: i64,
