@@ -18,7 +18,7 @@ use crate::multipart::{boundary, find_header, part_headers, split};
 use crate::rewrite::json::rewrite_json_bytes;
 use crate::rewrite::strict::check_request_json;
 use crate::rewrite::{Translator, request_bucket};
-use crate::route::{Api, RequestBody, Resource, ResponseBody, replace_slots, route};
+use crate::route::{Api, RequestBody, Resource, ResponseBody, Route, replace_slots, route};
 
 /// GCS accepts at most this many parts per batch.
 pub const MAX_PARTS: usize = 100;
@@ -128,26 +128,56 @@ fn translate_request(
     tr: &Translator<'_>,
 ) -> Result<(Vec<u8>, Resource), PartError> {
     let mut header_buf = [httparse::EMPTY_HEADER; MAX_NESTED_HEADERS];
-    let mut parsed = httparse::Request::new(&mut header_buf);
-    let head_len = match parsed.parse(payload) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return Err(
-                ApiError::bad_request("a batch part holds an incomplete HTTP request").into(),
-            );
-        }
-        Err(e) => {
-            return Err(ApiError::bad_request(format!(
-                "a batch part holds a malformed HTTP request: {e}"
-            ))
-            .into());
-        }
-    };
+    let (head_len, parsed) = parse_part(payload, &mut header_buf)?;
     let method_text = parsed.method.unwrap_or("GET");
+    let method = part_method(method_text, parsed.headers)?;
+    let target = parsed.path.unwrap_or("/");
+    let uri: Uri = target
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("bad URL in a batch part: {target:?}")))?;
+    let query = uri.query();
+    let (routed, new_path) = route_part(&method, uri.path(), query, tr)?;
+
+    let (body, declared) = declared_body(&payload[head_len..], parsed.headers);
+    let rewritten = rewrite_part_body(body, &routed, tr)?;
+    let body = rewritten.as_deref().unwrap_or(body);
+    let head = PartHead {
+        method: method_text,
+        path: &new_path,
+        query,
+        headers: parsed.headers,
+    };
+    let out = write_part(&head, body, declared);
+    let hint = match routed.response_body {
+        ResponseBody::Json(hint) => hint,
+        _ => Resource::Generic,
+    };
+    Ok((out, hint))
+}
+
+/// Parses a nested request's head; returns its length and the parsed request.
+fn parse_part<'h, 'b>(
+    payload: &'b [u8],
+    header_buf: &'h mut [httparse::Header<'b>],
+) -> Result<(usize, httparse::Request<'h, 'b>), PartError> {
+    let mut parsed = httparse::Request::new(header_buf);
+    match parsed.parse(payload) {
+        Ok(httparse::Status::Complete(n)) => Ok((n, parsed)),
+        Ok(httparse::Status::Partial) => {
+            Err(ApiError::bad_request("a batch part holds an incomplete HTTP request").into())
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "a batch part holds a malformed HTTP request: {e}"
+        ))
+        .into()),
+    }
+}
+
+/// The nested request's method; a method override header is refused.
+fn part_method(method_text: &str, headers: &[httparse::Header<'_>]) -> Result<Method, PartError> {
     let method = Method::from_bytes(method_text.as_bytes())
         .map_err(|_| ApiError::bad_request("bad method in a batch part"))?;
-    if parsed
-        .headers
+    if headers
         .iter()
         .any(|h| h.name.eq_ignore_ascii_case("x-http-method-override"))
     {
@@ -159,13 +189,18 @@ fn translate_request(
             refusal: Some("method_override"),
         });
     }
-    let target = parsed.path.unwrap_or("/");
-    let uri: Uri = target
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("bad URL in a batch part: {target:?}")))?;
-    let path = uri.path();
-    let query = uri.query();
-    let routed = route(&method, path, query, None).map_err(|e| PartError {
+    Ok(method)
+}
+
+/// Routes a nested request (JSON API only) and maps its buckets; returns the
+/// route and the path naming the physical buckets.
+fn route_part(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    tr: &Translator<'_>,
+) -> Result<(Route, String), PartError> {
+    let routed = route(method, path, query, None).map_err(|e| PartError {
         error: ApiError::bad_request(format!("batch part: {e}")),
         refusal: Some(e.reason()),
     })?;
@@ -184,45 +219,67 @@ fn translate_request(
         .collect::<Result<_, _>>()?;
     let names: Vec<&str> = physical.iter().map(String::as_str).collect();
     let new_path = replace_slots(path, &routed.buckets, &names);
+    Ok((routed, new_path))
+}
 
-    let mut body = &payload[head_len..];
-    let declared = parsed
-        .headers
+/// The nested body, cut to its `Content-Length` when one is declared and
+/// fits; with the declared length.
+fn declared_body<'b>(
+    rest: &'b [u8],
+    headers: &[httparse::Header<'_>],
+) -> (&'b [u8], Option<usize>) {
+    let declared = headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
         .and_then(|h| std::str::from_utf8(h.value).ok())
         .and_then(|v| v.trim().parse::<usize>().ok());
-    if let Some(length) = declared
-        && length <= body.len()
-    {
-        body = &body[..length];
+    match declared {
+        Some(length) if length <= rest.len() => (&rest[..length], declared),
+        _ => (rest, declared),
     }
-    let rewritten = match routed.request_body {
+}
+
+/// Checks and translates a nested request body; `None` when it is sent as is.
+fn rewrite_part_body(
+    body: &[u8],
+    routed: &Route,
+    tr: &Translator<'_>,
+) -> Result<Option<Vec<u8>>, PartError> {
+    match routed.request_body {
         RequestBody::Json(hint) => {
             check_request_json(body, routed.request_kind)?;
-            rewrite_json_bytes(body, hint, tr)?
+            Ok(rewrite_json_bytes(body, hint, tr)?)
         }
-        RequestBody::None if !body.is_empty() => {
-            return Err(ApiError::bad_request(format!(
-                "bucketmap-sidecar refuses a request body on {}, which takes none",
-                routed.operation
-            ))
-            .into());
-        }
-        _ => None,
-    };
-    let body = rewritten.as_deref().unwrap_or(body);
+        RequestBody::None if !body.is_empty() => Err(ApiError::bad_request(format!(
+            "bucketmap-sidecar refuses a request body on {}, which takes none",
+            routed.operation
+        ))
+        .into()),
+        _ => Ok(None),
+    }
+}
 
-    let mut out = Vec::with_capacity(payload.len() + 64);
-    out.extend_from_slice(method_text.as_bytes());
+/// The request line and headers of a translated nested request.
+struct PartHead<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: Option<&'a str>,
+    headers: &'a [httparse::Header<'a>],
+}
+
+/// Serializes a translated nested request: its own headers but `Host` and
+/// `Content-Length`, which is recomputed when there is a body or one was declared.
+fn write_part(head: &PartHead<'_>, body: &[u8], declared: Option<usize>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 1024);
+    out.extend_from_slice(head.method.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(new_path.as_bytes());
-    if let Some(query) = query {
+    out.extend_from_slice(head.path.as_bytes());
+    if let Some(query) = head.query {
         out.push(b'?');
         out.extend_from_slice(query.as_bytes());
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for h in parsed.headers.iter() {
+    for h in head.headers {
         if h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("host") {
             continue;
         }
@@ -236,11 +293,7 @@ fn translate_request(
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
-    let hint = match routed.response_body {
-        ResponseBody::Json(hint) => hint,
-        _ => Resource::Generic,
-    };
-    Ok((out, hint))
+    out
 }
 
 /// Translates the upstream's batch response and merges in the parts answered

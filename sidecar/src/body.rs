@@ -39,8 +39,13 @@ where
 /// Why a metadata body could not be collected.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
+    /// The body went past the limit; reading stopped there.
     #[error("body larger than {limit} bytes")]
-    TooLarge { limit: usize },
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// Reading the body failed (the connection broke, or the client's body errored).
     #[error("cannot read body: {0}")]
     Body(BoxError),
 }
@@ -93,6 +98,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> Counted<B> {
+    /// Wraps `inner`, adding each data frame's length to `counter`.
     pub fn new(inner: B, counter: Counter) -> Self {
         Self { inner, counter }
     }

@@ -19,7 +19,9 @@ pub const INTERNAL_PREFIX: &str = "/_bucketmap/";
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// One JSON object per line.
     Json,
 }
 

@@ -155,6 +155,7 @@ pub enum Segment {
 pub struct Operation {
     /// The method id without `storage.` (`objects.get`), for metrics and logs.
     pub name: String,
+    /// The HTTP method (`httpMethod`).
     pub method: Method,
     /// The template after `/storage/v1/`.
     pub segments: Vec<Segment>,
@@ -166,6 +167,7 @@ pub struct Operation {
     pub response: Option<String>,
     /// `alt=media` is allowed (object data).
     pub media_download: bool,
+    /// Whether the sidecar forwards it (translated) or refuses it.
     pub class: Class,
 }
 
@@ -214,6 +216,7 @@ pub fn schema_resource(schema: &str) -> Resource {
 /// such as `b/{bucket}/o/bulkRestore` wins over `b/{bucket}/o/{object}`).
 #[derive(Debug)]
 pub struct Table {
+    /// Sorted: most literal segments first.
     pub operations: Vec<Operation>,
 }
 

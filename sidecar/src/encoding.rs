@@ -19,7 +19,9 @@ use crate::errors::ApiError;
 /// A metadata body's encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encoding {
+    /// No coding (absent, or `identity`).
     Identity,
+    /// `gzip` or `x-gzip`, exactly once.
     Gzip,
 }
 
@@ -51,8 +53,13 @@ pub fn content_encoding(headers: &HeaderMap) -> Result<Encoding, String> {
 /// Why a gzip body could not be decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum GunzipError {
+    /// The decoded body went past the limit; decoding stopped there.
     #[error("the decoded body is larger than {limit} bytes")]
-    TooLarge { limit: usize },
+    TooLarge {
+        /// The limit on the decoded size, in bytes.
+        limit: usize,
+    },
+    /// The compressed data is not valid gzip or ends early.
     #[error("the gzip body is corrupt or truncated: {0}")]
     Corrupt(std::io::Error),
 }
@@ -101,6 +108,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> Gunzip<B> {
+    /// Decodes `inner`, a gzip body.
     pub fn new(inner: B) -> Self {
         Self {
             inner,

@@ -8,18 +8,22 @@ use crate::body::{ProxyBody, full};
 /// Which API's error format the client expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorStyle {
+    /// A JSON error document (`{"error": {…}}`).
     Json,
+    /// An XML `<Error>` document.
     Xml,
 }
 
 /// An error answered by the sidecar without (or instead of) the upstream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
+    /// The HTTP status of the answer.
     pub status: StatusCode,
     /// JSON API `errors[].reason`.
     pub reason: &'static str,
     /// XML API `<Code>`.
     pub xml_code: &'static str,
+    /// Human-readable; it is the JSON `message` and the XML `<Message>`.
     pub message: String,
 }
 

@@ -14,28 +14,53 @@ use crate::names::is_valid_bucket_name;
 /// Why a mapping could not be built or loaded. The previous mapping stays in force.
 #[derive(Debug, thiserror::Error)]
 pub enum MappingError {
+    /// A logical name (a key) is not a valid GCS bucket name.
     #[error("logical name {0:?} is not a valid bucket name")]
     InvalidLogical(String),
+    /// A physical name (a value) is not a valid GCS bucket name.
     #[error("physical name {physical:?} for logical {logical:?} is not a valid bucket name")]
-    InvalidPhysical { logical: String, physical: String },
+    InvalidPhysical {
+        /// The entry's logical name.
+        logical: String,
+        /// The invalid physical name.
+        physical: String,
+    },
+    /// Two logical names map to one physical bucket: the map would not be a bijection.
     #[error("physical bucket {physical:?} is mapped from both {first:?} and {second:?}")]
     DuplicatePhysical {
+        /// The physical bucket named twice.
         physical: String,
+        /// One logical name mapped to it.
         first: String,
+        /// The other logical name mapped to it.
         second: String,
     },
+    /// A name is both a logical name and another entry's physical name, so
+    /// a request naming it could mean either bucket.
     #[error("{name:?} is both a logical name and the physical name of {logical:?}")]
-    Ambiguous { name: String, logical: String },
+    Ambiguous {
+        /// The name used both ways.
+        name: String,
+        /// The logical name whose physical name it is.
+        logical: String,
+    },
+    /// The mapping directory, or its listing, cannot be read.
     #[error("cannot read mapping directory {path}: {source}")]
     ReadDir {
+        /// The directory.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// An entry of the mapping directory cannot be read.
     #[error("cannot read mapping entry {path}: {source}")]
     ReadEntry {
+        /// The entry's file.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// An entry's file name is not UTF-8, so it cannot be a bucket name.
     #[error("mapping entry {0} has a name that is not UTF-8")]
     NonUtf8(PathBuf),
 }
@@ -104,10 +129,12 @@ impl Mapping {
         self.to_physical.contains_key(name) || self.to_logical.contains_key(name)
     }
 
+    /// Number of entries (logical names).
     pub fn len(&self) -> usize {
         self.to_physical.len()
     }
 
+    /// Whether the mapping has no entry.
     pub fn is_empty(&self) -> bool {
         self.to_physical.is_empty()
     }
@@ -167,7 +194,10 @@ pub enum ReloadOutcome {
     /// The sources hold the mapping already in force.
     Unchanged,
     /// A new mapping is in force.
-    Updated { entries: usize },
+    Updated {
+        /// Entries in the new mapping.
+        entries: usize,
+    },
     /// The sources are invalid or unreadable; the previous mapping stays.
     Failed(MappingError),
 }
@@ -188,6 +218,9 @@ pub struct MappingStore {
 }
 
 impl MappingStore {
+    /// A store reading `dir` (a mounted ConfigMap directory) and the static
+    /// (logical, physical) entries; nothing is in force until the first
+    /// [`MappingStore::reload`].
     pub fn new(dir: Option<PathBuf>, static_entries: Vec<(String, String)>) -> Self {
         Self {
             dir,

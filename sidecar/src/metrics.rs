@@ -7,43 +7,59 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// Labels of `requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
+    /// The GCS operation (`objects.get`), `internal`, or `unrouted`.
     pub operation: &'static str,
+    /// The HTTP status of the answer.
     pub status: u16,
 }
 
+/// Labels of `upstream_latency_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
+    /// The GCS operation (`objects.get`).
     pub operation: &'static str,
 }
 
+/// Labels of `body_bytes_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabels {
     /// `from_client` (request bodies) or `to_client` (response bodies).
     pub direction: &'static str,
 }
 
+/// Labels of `refused_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
+    /// Why the request was refused, low-cardinality (`unknown_operation`, …).
     pub reason: &'static str,
 }
 
+/// Labels of `mapping_reloads_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
+    /// `success` (the map changed) or `failure`.
     pub result: &'static str,
 }
 
 /// Every metric the sidecar exports.
 pub struct Metrics {
     registry: Registry,
+    /// Requests answered, by operation and HTTP status.
     pub requests: Family<RequestLabels, Counter>,
+    /// Seconds from sending a request upstream to its response headers, by operation.
     pub upstream_latency: Family<OperationLabels, Histogram>,
+    /// Body bytes proxied, by direction.
     pub bytes: Family<DirectionLabels, Counter>,
+    /// Mapping reloads that changed the map or failed, by result.
     pub mapping_reloads: Family<ResultLabels, Counter>,
     /// Requests refused by the router (deny by default), by reason.
     pub refusals: Family<ReasonLabels, Counter>,
+    /// Entries in the mapping in force.
     pub mapping_entries: Gauge,
+    /// Requests being served now.
     pub in_flight: Gauge,
     /// The two series of `bytes`, looked up once.
     from_client: Counter,
@@ -63,6 +79,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric registered under the `bucketmap_sidecar` prefix, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("bucketmap_sidecar");
         let requests = Family::<RequestLabels, Counter>::default();

@@ -71,7 +71,9 @@ pub fn build_client(
 /// Behaviour switches of the proxy.
 #[derive(Clone, Debug)]
 pub struct ProxySettings {
+    /// Accept the physical names of mapped buckets too (`--allow-physical-names`).
     pub allow_physical_names: bool,
+    /// Largest metadata body read into memory, in bytes; larger ones get 413.
     pub max_metadata_bytes: usize,
     /// Time to upstream response headers; `None` for no limit.
     pub upstream_timeout: Option<Duration>,
@@ -136,6 +138,8 @@ const LINK_HEADERS: [&str; 4] = [
 ];
 
 impl Proxy {
+    /// Fails when `upstream` lacks a scheme or host, or the JSON API's
+    /// operation table is broken.
     pub fn new(
         mapping: Arc<MappingStore>,
         client: HttpClient,
@@ -297,11 +301,7 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
-        let limit = self.settings.max_metadata_bytes;
         let from_client = self.metrics.from_client();
-        let content_type = header_str(incoming, header::CONTENT_TYPE)
-            .unwrap_or_default()
-            .to_owned();
         let encoding = match routed.request_body {
             // Object data: never decoded, its encoding is the client's business.
             RequestBody::Stream => Encoding::Identity,
@@ -312,25 +312,16 @@ impl Proxy {
             // The sidecar decodes what it rewrites and forwards it uncompressed.
             headers.remove(header::CONTENT_ENCODING);
         }
+        let req = BodyRequest {
+            incoming,
+            routed,
+            to_physical,
+            content_type: header_str(incoming, header::CONTENT_TYPE).unwrap_or_default(),
+            gzipped: encoding == Encoding::Gzip,
+        };
         Ok(match routed.request_body {
             RequestBody::Stream => Outgoing::Body(boxed(Counted::new(body, from_client))),
-            RequestBody::None => {
-                let bytes = self.read_metadata(incoming, body).await?;
-                from_client.inc_by(bytes.len() as u64);
-                if !bytes.is_empty() {
-                    return Err(ApiError::bad_request(format!(
-                        "bucketmap-sidecar refuses a request body on {}, which takes none",
-                        routed.operation
-                    )));
-                }
-                headers.remove(header::TRANSFER_ENCODING);
-                if incoming.contains_key(header::CONTENT_LENGTH)
-                    || incoming.contains_key(header::TRANSFER_ENCODING)
-                {
-                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
-                }
-                Outgoing::Body(empty())
-            }
+            RequestBody::None => self.no_body(&req, headers, body).await?,
             RequestBody::Json(hint) => {
                 let bytes = self.read_metadata(incoming, body).await?;
                 from_client.inc_by(bytes.len() as u64);
@@ -344,46 +335,103 @@ impl Proxy {
                 let new = rewrite_xml(&bytes, to_physical)?;
                 Outgoing::Body(replaced_body(headers, bytes, new))
             }
-            RequestBody::Multipart(hint) => {
-                let counted = Counted::new(body, from_client);
-                let gzipped = encoding == Encoding::Gzip;
-                let counted = if gzipped {
-                    boxed(Gunzip::new(counted))
-                } else {
-                    boxed(counted)
-                };
-                let kind = routed.request_kind;
-                let rewritten = upload::rewrite_related(counted, &content_type, limit, |part| {
-                    check_request_json(part, kind)?;
-                    rewrite_json_bytes(part, hint, to_physical)
-                })
-                .await
-                .map_err(|e| e.into_api_error(limit))?;
-                if gzipped {
-                    // Decoded as it streams: its length is known only at the end.
-                    headers.remove(header::CONTENT_LENGTH);
-                } else if let Some(length) = content_length(incoming) {
-                    let new_length = length.saturating_add_signed(rewritten.length_delta);
-                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(new_length));
-                }
-                Outgoing::Body(rewritten.body)
+            RequestBody::Multipart(hint) => self.multipart_body(&req, headers, body, hint).await?,
+            RequestBody::Batch => self.batch_body(&req, headers, body).await?,
+        })
+    }
+
+    /// The body of an operation that takes none: any byte is refused; an
+    /// explicit length or chunked framing becomes `Content-Length: 0`.
+    async fn no_body<B>(
+        &self,
+        req: &BodyRequest<'_, '_>,
+        headers: &mut HeaderMap,
+        body: B,
+    ) -> Result<Outgoing, ApiError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let bytes = self.read_metadata(req.incoming, body).await?;
+        self.metrics.from_client().inc_by(bytes.len() as u64);
+        if !bytes.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "bucketmap-sidecar refuses a request body on {}, which takes none",
+                req.routed.operation
+            )));
+        }
+        headers.remove(header::TRANSFER_ENCODING);
+        if req.incoming.contains_key(header::CONTENT_LENGTH)
+            || req.incoming.contains_key(header::TRANSFER_ENCODING)
+        {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+        }
+        Ok(Outgoing::Body(empty()))
+    }
+
+    /// A `multipart/related` upload: its metadata part checked and translated
+    /// as it streams, the media part untouched; `Content-Length` adjusted.
+    async fn multipart_body<B>(
+        &self,
+        req: &BodyRequest<'_, '_>,
+        headers: &mut HeaderMap,
+        body: B,
+        hint: Resource,
+    ) -> Result<Outgoing, ApiError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let limit = self.settings.max_metadata_bytes;
+        let counted = Counted::new(body, self.metrics.from_client());
+        let counted = if req.gzipped {
+            boxed(Gunzip::new(counted))
+        } else {
+            boxed(counted)
+        };
+        let kind = req.routed.request_kind;
+        let to_physical = req.to_physical;
+        let rewritten = upload::rewrite_related(counted, req.content_type, limit, |part| {
+            check_request_json(part, kind)?;
+            rewrite_json_bytes(part, hint, to_physical)
+        })
+        .await
+        .map_err(|e| e.into_api_error(limit))?;
+        if req.gzipped {
+            // Decoded as it streams: its length is known only at the end.
+            headers.remove(header::CONTENT_LENGTH);
+        } else if let Some(length) = content_length(req.incoming) {
+            let new_length = length.saturating_add_signed(rewritten.length_delta);
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(new_length));
+        }
+        Ok(Outgoing::Body(rewritten.body))
+    }
+
+    /// A batch: its parts translated, the refused ones counted and answered
+    /// locally; answered without the upstream when every part was refused.
+    async fn batch_body<B>(
+        &self,
+        req: &BodyRequest<'_, '_>,
+        headers: &mut HeaderMap,
+        body: B,
+    ) -> Result<Outgoing, ApiError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let bytes = self.read_metadata(req.incoming, body).await?;
+        self.metrics.from_client().inc_by(bytes.len() as u64);
+        let plan = batch::prepare(&bytes, req.content_type, req.to_physical)?;
+        for reason in plan.refusals() {
+            self.metrics.refused(reason);
+        }
+        Ok(match plan.upstream_body.clone() {
+            Some(upstream) => {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(upstream.len()));
+                Outgoing::Batch(full(upstream), plan)
             }
-            RequestBody::Batch => {
-                let bytes = self.read_metadata(incoming, body).await?;
-                from_client.inc_by(bytes.len() as u64);
-                let plan = batch::prepare(&bytes, &content_type, to_physical)?;
-                for reason in plan.refusals() {
-                    self.metrics.refused(reason);
-                }
-                match plan.upstream_body.clone() {
-                    Some(upstream) => {
-                        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(upstream.len()));
-                        Outgoing::Batch(full(upstream), plan)
-                    }
-                    // Every part was refused: answer without the upstream.
-                    None => Outgoing::Answered(batch::local_response(&plan)),
-                }
-            }
+            // Every part was refused: answer without the upstream.
+            None => Outgoing::Answered(batch::local_response(&plan)),
         })
     }
 
@@ -567,6 +615,18 @@ enum MetadataKind {
     Xml,
     Text,
     Batch,
+}
+
+/// What translating a request body needs to know of the request.
+struct BodyRequest<'a, 't> {
+    /// The client's headers.
+    incoming: &'a HeaderMap,
+    routed: &'a Route,
+    to_physical: &'a Translator<'t>,
+    /// The client's `Content-Type`, empty when absent or not text.
+    content_type: &'a str,
+    /// The body is gzip-encoded (never for object data).
+    gzipped: bool,
 }
 
 /// The request body after translation.

@@ -48,17 +48,29 @@ impl Api {
 /// The JSON resource a metadata body holds, used when the body has no `kind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resource {
+    /// `storage#bucket`.
     Bucket,
+    /// `storage#buckets`: a bucket list, whose unmapped buckets may be hidden.
     Buckets,
+    /// `storage#object`.
     Object,
+    /// `storage#objects`: an object list.
     Objects,
+    /// A bucket or object access control entry.
     Acl,
+    /// A list of access control entries.
     Acls,
+    /// An IAM policy (`resourceId` names the bucket).
     Policy,
+    /// A Pub/Sub notification configuration, or a list of them.
     Notification,
+    /// The answer of `objects.rewrite` (its `resource` is an object).
     RewriteResponse,
+    /// The body of `objects.compose` (its `destination` is an object).
     ComposeRequest,
+    /// A long-running operation (`name` holds the bucket's resource name).
     Operation,
+    /// Unknown: every member that may name a bucket is translated.
     Generic,
 }
 
@@ -95,13 +107,16 @@ pub enum ResponseBody {
 /// A bucket name in the raw path: its byte range and its value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BucketSlot {
+    /// Byte range of the segment in the raw path.
     pub range: Range<usize>,
+    /// The bucket name (bucket segments are never percent-encoded).
     pub name: String,
 }
 
 /// The outcome of routing one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
+    /// The API family, which also decides the error format.
     pub api: Api,
     /// Low-cardinality operation name, for metrics and logs.
     pub operation: &'static str,
@@ -109,9 +124,11 @@ pub struct Route {
     pub buckets: Vec<BucketSlot>,
     /// The bucket named by the `Host` header (XML API, virtual-hosted style).
     pub virtual_host: Option<String>,
+    /// How the request body is handled.
     pub request_body: RequestBody,
     /// The `kind` a JSON request body must have, when it has one.
     pub request_kind: Option<&'static str>,
+    /// How a successful response body is handled.
     pub response_body: ResponseBody,
 }
 
@@ -128,34 +145,64 @@ impl Route {
 /// A request the router refuses; answered with 400.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
+    /// The path does not start with `/` (its first 64 characters).
     #[error("the request path {0:?} is not an absolute path")]
     NotAbsolute(String),
+    /// A `%` not followed by two hex digits, at this byte offset.
     #[error("the request target has a malformed percent-encoding at byte {0}")]
     BadPercentEncoding(usize),
+    /// A bucket segment (or virtual host) that is not a valid bucket name.
     #[error("{0:?} is not a valid bucket name (bucket segments are never percent-encoded)")]
     InvalidBucket(String),
+    /// A bucket segment that is empty.
     #[error("the request names an empty bucket")]
     EmptyBucket,
+    /// An empty segment (`//`) in a JSON API path or an XML API object name.
     #[error("the request path has an empty segment (`//`)")]
     EmptySegment,
+    /// A `.` or `..` segment (also percent-encoded) in a JSON API path or an
+    /// XML API object name.
     #[error("the request path has a {0:?} segment; relative segments are refused")]
     DotSegment(String),
+    /// No known operation has this method and path.
     #[error("no GCS operation matches {method} {path}")]
-    UnknownOperation { method: String, path: String },
+    UnknownOperation {
+        /// The request method.
+        method: String,
+        /// The raw path (its first 128 characters).
+        path: String,
+    },
+    /// A known operation the sidecar does not forward.
     #[error("{operation} is refused: {reason}")]
     RefusedOperation {
+        /// The operation's name.
         operation: &'static str,
+        /// Why it is refused, and what to do instead.
         reason: &'static str,
     },
+    /// A query parameter the routing depends on is given twice.
     #[error("the query parameter {0:?} appears more than once")]
     RepeatedParameter(&'static str),
+    /// A query key that decodes or case-folds to one the routing depends on.
     #[error(
         "the query key {raw:?} stands for {key:?} but is spelt differently (percent-encoded or \
          in another case); spell it {key:?}"
     )]
-    DisguisedParameter { raw: String, key: &'static str },
+    DisguisedParameter {
+        /// The key as received (its first 64 characters).
+        raw: String,
+        /// The key it stands for.
+        key: &'static str,
+    },
+    /// A query parameter with a value the sidecar cannot route.
     #[error("the query parameter {key}={value:?} is not supported here")]
-    BadParameter { key: &'static str, value: String },
+    BadParameter {
+        /// The parameter.
+        key: &'static str,
+        /// Its value, decoded (its first 32 characters).
+        value: String,
+    },
+    /// The embedded discovery document could not be turned into a table.
     #[error("the JSON API operation table is unavailable: {0}")]
     TableUnavailable(&'static str),
 }
@@ -689,6 +736,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // a table of cases
     fn routes_the_gcs_surface() {
         use Api::*;
         use RequestBody as Req;

@@ -29,8 +29,11 @@ use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings, build_client
 /// Connection-level limits.
 #[derive(Clone, Copy, Debug)]
 pub struct ServerSettings {
+    /// Time a client has to send its request headers (HTTP/1).
     pub header_read_timeout: Duration,
+    /// Largest request head accepted, in bytes; also what a connection buffers.
     pub max_header_bytes: usize,
+    /// On shutdown, how long in-flight requests may take to finish.
     pub drain_timeout: Duration,
     /// Requests served at once across all connections; more wait their turn.
     pub max_concurrent_requests: usize,
@@ -168,6 +171,55 @@ async fn termination() {
     }
 }
 
+/// The proxy of the process: its upstream client, settings and mapping store.
+fn build_proxy(
+    config: &Config,
+    store: &Arc<MappingStore>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<Proxy>> {
+    let client = build_client(config.connect_timeout, config.pool_idle_timeout)?;
+    let settings = ProxySettings {
+        allow_physical_names: config.allow_physical_names,
+        max_metadata_bytes: config.max_metadata_bytes,
+        upstream_timeout: (!config.upstream_timeout.is_zero()).then_some(config.upstream_timeout),
+        listen: config.listen,
+        advertise_url: config.advertise_url.clone(),
+    };
+    Ok(Arc::new(Proxy::new(
+        store.clone(),
+        client,
+        &config.upstream,
+        metrics.clone(),
+        settings,
+    )?))
+}
+
+/// The connection-level limits from the configuration.
+fn server_settings(config: &Config) -> ServerSettings {
+    ServerSettings {
+        header_read_timeout: config.header_read_timeout,
+        max_header_bytes: config.max_header_bytes,
+        drain_timeout: config.drain_timeout,
+        max_concurrent_requests: config.max_concurrent_requests,
+    }
+}
+
+/// Binds the proxy listener, then the admin listener when one is configured.
+async fn bind(config: &Config) -> anyhow::Result<(TcpListener, Option<TcpListener>)> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let metrics_listener = match config.admin_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--admin-addr)"))?,
+        ),
+        None => None,
+    };
+    Ok((listener, metrics_listener))
+}
+
 /// Runs the sidecar until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
@@ -183,39 +235,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     } else {
         Auth::application_default()?
     };
-    let client = build_client(config.connect_timeout, config.pool_idle_timeout)?;
-    let settings = ProxySettings {
-        allow_physical_names: config.allow_physical_names,
-        max_metadata_bytes: config.max_metadata_bytes,
-        upstream_timeout: (!config.upstream_timeout.is_zero()).then_some(config.upstream_timeout),
-        listen: config.listen,
-        advertise_url: config.advertise_url.clone(),
-    };
-    let proxy = Arc::new(Proxy::new(
-        store.clone(),
-        client,
-        &config.upstream,
-        metrics.clone(),
-        settings,
-    )?);
-    let server_settings = ServerSettings {
-        header_read_timeout: config.header_read_timeout,
-        max_header_bytes: config.max_header_bytes,
-        drain_timeout: config.drain_timeout,
-        max_concurrent_requests: config.max_concurrent_requests,
-    };
+    let proxy = build_proxy(&config, &store, &metrics)?;
+    let server_settings = server_settings(&config);
 
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let metrics_listener = match config.admin_addr {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} (--admin-addr)"))?,
-        ),
-        None => None,
-    };
+    let (listener, metrics_listener) = bind(&config).await?;
     tracing::info!(
         listen = %config.listen,
         upstream = %config.upstream,

@@ -4,6 +4,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
+/// Installs the global subscriber; if one is already set, says so on stderr
+/// and goes on.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

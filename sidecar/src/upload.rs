@@ -19,23 +19,32 @@ const HEADER_ALLOWANCE: usize = 16 * 1024;
 
 /// The rewritten body, and how much longer (or shorter) it is than the original.
 pub struct Rewritten {
+    /// The body to send upstream: what was read (with the metadata part
+    /// translated, when it was), then the rest as it streams.
     pub body: ProxyBody,
+    /// New length minus original length, in bytes (negative when shorter).
     pub length_delta: i64,
 }
 
+/// Why a `multipart/related` upload could not be rewritten.
 #[derive(Debug, thiserror::Error)]
 pub enum UploadError {
+    /// The metadata part (with its headers) is larger than the limit.
     #[error("the metadata part is too large")]
     TooLarge,
+    /// The metadata was refused by the check or the translation.
     #[error(transparent)]
     Api(ApiError),
+    /// Reading the client's body failed.
     #[error("cannot read the request body: {0}")]
     Body(BoxError),
+    /// The body is not `multipart/related` as GCS uploads send it; says what is wrong.
     #[error("malformed multipart/related body: {0}")]
     Malformed(&'static str),
 }
 
 impl UploadError {
+    /// The answer to the client; `limit` is the metadata limit, in bytes (for 413).
     pub fn into_api_error(self, limit: usize) -> ApiError {
         match self {
             UploadError::TooLarge => ApiError::too_large(limit),
@@ -258,6 +267,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> Prefixed<B> {
+    /// Yields `prefix` first, then `inner`.
     pub fn new(prefix: Bytes, inner: B) -> Self {
         Self {
             prefix: Some(prefix),

@@ -27,6 +27,7 @@ pub struct Admin {
 }
 
 impl Admin {
+    /// Serves `metrics` and reports the readiness of `mapping`.
     pub fn new(metrics: Arc<Metrics>, mapping: Arc<MappingStore>) -> Self {
         Self { metrics, mapping }
     }
@@ -104,6 +105,7 @@ pub struct AdminLayer {
 }
 
 impl AdminLayer {
+    /// `listen` stands for the host of requests without `Host`.
     pub fn new(admin: Admin, listen: SocketAddr) -> Self {
         Self { admin, listen }
     }

@@ -27,6 +27,7 @@ pub struct CredentialsLayer {
 }
 
 impl CredentialsLayer {
+    /// Adds the credentials of `auth` (none for [`Auth::None`]).
     pub fn new(auth: Auth) -> Self {
         Self {
             auth: Arc::new(auth),

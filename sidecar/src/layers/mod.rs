@@ -41,7 +41,9 @@ pub struct Operation(pub &'static str);
 /// Marks an error the sidecar answered itself, with what its log line says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejected {
+    /// The JSON API `reason` (`badRequest`, `forbidden`, …).
     pub reason: &'static str,
+    /// The message the client got.
     pub message: String,
 }
 
@@ -76,16 +78,24 @@ pin_project_lite::pin_project! {
     /// or calls its inner service, without boxing either.
     #[project = EitherProj]
     pub enum Either<A, B> {
+        // pin_project_lite takes no doc comment on a variant's field: the
+        // variant's own says what `future` is.
+        /// A future of the first type, in `future`.
+        #[allow(missing_docs)]
         Left { #[pin] future: A },
+        /// A future of the second type, in `future`.
+        #[allow(missing_docs)]
         Right { #[pin] future: B },
     }
 }
 
 impl<A, B> Either<A, B> {
+    /// Wraps a future of the first type.
     pub fn left(future: A) -> Self {
         Self::Left { future }
     }
 
+    /// Wraps a future of the second type.
     pub fn right(future: B) -> Self {
         Self::Right { future }
     }

@@ -23,6 +23,7 @@ pub struct RecordLayer {
 }
 
 impl RecordLayer {
+    /// Records into `metrics` (and the log).
     pub fn new(metrics: Arc<Metrics>) -> Self {
         Self { metrics }
     }

@@ -30,7 +30,9 @@ use crate::signing::signature_kind;
 /// A request the sidecar can rewrite, with what routing found.
 #[derive(Debug)]
 pub struct Routed<B> {
+    /// The client's request, untouched.
     pub request: Request<B>,
+    /// What routing found: operation, bucket slots, body kinds.
     pub route: Route,
     /// The method routed and forwarded (`X-HTTP-Method-Override` applied).
     pub method: Method,
@@ -58,6 +60,8 @@ pub struct RefuseLayer {
 }
 
 impl RefuseLayer {
+    /// `listen` stands for the host of requests without `Host`; with
+    /// `allow_physical_names`, the physical names of mapped buckets are accepted too.
     pub fn new(
         mapping: Arc<MappingStore>,
         metrics: Arc<Metrics>,
@@ -323,6 +327,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::too_many_lines)] // a table of cases
     async fn what_cannot_be_rewritten_never_reaches_the_core() {
         let (layer, metrics) = layer(true);
         let get = |target| request(Method::GET, target, &[]);

@@ -25,8 +25,11 @@ use crate::errors::ApiError;
 /// An upstream call that did not give a response head.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
+    /// No response head within the limit (answered 504).
     #[error("the upstream did not answer in time")]
     TimedOut,
+    /// The call failed: connection, TLS, or the request body (answered 502,
+    /// or 400 when the client's gzip body was bad).
     #[error(transparent)]
     Failed(BoxError),
 }
@@ -57,6 +60,7 @@ pub struct UpstreamTimeoutLayer {
 }
 
 impl UpstreamTimeoutLayer {
+    /// `None`: no limit.
     pub fn new(limit: Option<Duration>) -> Self {
         Self { limit }
     }

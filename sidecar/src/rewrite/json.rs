@@ -97,6 +97,8 @@ fn resource(
     Ok(obj.into_json())
 }
 
+/// Translates the members of a resource of the given kind (its `kind`
+/// member, when known, wins over `hint`).
 fn resource_members(
     obj: &mut Object<'_>,
     hint: Resource,
@@ -108,36 +110,10 @@ fn resource_members(
         .and_then(kind_resource)
         .unwrap_or(hint);
     match kind {
-        Resource::Buckets => {
-            // Buckets the mapping does not know are not this app's: hide them.
-            let hide = tr.direction == Direction::ToLogical && !tr.shows_unmapped();
-            obj.each_array("items", |item| {
-                if hide
-                    && let Some(bucket) = Object::parse(item)
-                    && let Some(name) = bucket.string("name")
-                    && tr.mapping.logical(&name).is_none()
-                {
-                    return Ok(Element::Drop);
-                }
-                Ok(Element::from(resource(item, Resource::Bucket, tr)?))
-            })?;
-        }
+        Resource::Buckets => bucket_list_members(obj, tr)?,
         Resource::Objects => items(obj, Resource::Object, tr)?,
         Resource::Acls => items(obj, Resource::Acl, tr)?,
-        Resource::Bucket => {
-            strict(obj, "name", tr)?;
-            lenient(obj, "id", tr);
-            link(obj, "selfLink", tr);
-            obj.each_value("logging", |logging| {
-                let Some(mut logging) = Object::parse(logging) else {
-                    return Ok(None);
-                };
-                strict(&mut logging, "logBucket", tr)?;
-                Ok(logging.into_json())
-            })?;
-            each(obj, "acl", Resource::Acl, tr)?;
-            each(obj, "defaultObjectAcl", Resource::Acl, tr)?;
-        }
+        Resource::Bucket => bucket_members(obj, tr)?,
         Resource::Object => {
             strict(obj, "bucket", tr)?;
             id_prefix(obj, "id", tr);
@@ -165,16 +141,55 @@ fn resource_members(
             resource_name(obj, "name", tr)?;
             link(obj, "selfLink", tr);
         }
-        Resource::Generic => {
-            strict(obj, "bucket", tr)?;
-            id_prefix(obj, "id", tr);
-            link(obj, "selfLink", tr);
-            link(obj, "mediaLink", tr);
-            resource_name(obj, "resourceId", tr)?;
-            items(obj, Resource::Generic, tr)?;
-            obj.each_value("resource", |res| resource(res, Resource::Generic, tr))?;
-        }
+        Resource::Generic => generic_members(obj, tr)?,
     }
+    Ok(())
+}
+
+/// A bucket list's items; buckets the mapping does not know are hidden from
+/// the application unless it may see unmapped buckets.
+fn bucket_list_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiError> {
+    // Buckets the mapping does not know are not this app's: hide them.
+    let hide = tr.direction == Direction::ToLogical && !tr.shows_unmapped();
+    obj.each_array("items", |item| {
+        if hide
+            && let Some(bucket) = Object::parse(item)
+            && let Some(name) = bucket.string("name")
+            && tr.mapping.logical(&name).is_none()
+        {
+            return Ok(Element::Drop);
+        }
+        Ok(Element::from(resource(item, Resource::Bucket, tr)?))
+    })?;
+    Ok(())
+}
+
+/// A bucket's name, id, link, logging bucket and ACLs.
+fn bucket_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiError> {
+    strict(obj, "name", tr)?;
+    lenient(obj, "id", tr);
+    link(obj, "selfLink", tr);
+    obj.each_value("logging", |logging| {
+        let Some(mut logging) = Object::parse(logging) else {
+            return Ok(None);
+        };
+        strict(&mut logging, "logBucket", tr)?;
+        Ok(logging.into_json())
+    })?;
+    each(obj, "acl", Resource::Acl, tr)?;
+    each(obj, "defaultObjectAcl", Resource::Acl, tr)?;
+    Ok(())
+}
+
+/// A resource of unknown kind: every member that may name a bucket.
+fn generic_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiError> {
+    strict(obj, "bucket", tr)?;
+    id_prefix(obj, "id", tr);
+    link(obj, "selfLink", tr);
+    link(obj, "mediaLink", tr);
+    resource_name(obj, "resourceId", tr)?;
+    items(obj, Resource::Generic, tr)?;
+    obj.each_value("resource", |res| resource(res, Resource::Generic, tr))?;
     Ok(())
 }
 

@@ -41,9 +41,13 @@ pub struct LinkBase {
 /// Translates bucket names found in one message.
 #[derive(Clone, Copy, Debug)]
 pub struct Translator<'a> {
+    /// The map of logical to physical names the message is translated with.
     pub mapping: &'a Mapping,
+    /// Request (to physical) or response (to logical).
     pub direction: Direction,
+    /// In requests, accept the physical names of mapped buckets too.
     pub allow_physical: bool,
+    /// Where rewritten absolute URLs point.
     pub links: &'a LinkBase,
 }
 

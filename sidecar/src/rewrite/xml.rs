@@ -5,7 +5,7 @@
 
 use quick_xml::Reader;
 use quick_xml::Writer;
-use quick_xml::events::{BytesText, Event};
+use quick_xml::events::{BytesEnd, BytesStart, BytesText, Event};
 
 use super::text::replace_bucket_tokens;
 use super::url::rewrite_url;
@@ -59,6 +59,32 @@ struct Rewriter<'t, 'a> {
     tr: &'t Translator<'a>,
     writer: Writer<Vec<u8>>,
     held: Option<Held>,
+    /// Local names of the open elements, outermost first.
+    stack: Vec<String>,
+    /// The leaf element whose text is being collected.
+    capture: Option<Capture>,
+    /// Hide the `ListAllMyBucketsResult` entries the mapping does not know.
+    filter_listing: bool,
+}
+
+/// Why rewriting stopped before the end of the document.
+enum Stop {
+    /// Not well-formed XML, or not writable back: the body is forwarded untouched.
+    Malformed,
+    /// A bucket name the request may not use.
+    Refused(ApiError),
+}
+
+impl From<ApiError> for Stop {
+    fn from(error: ApiError) -> Self {
+        Stop::Refused(error)
+    }
+}
+
+impl From<std::io::Error> for Stop {
+    fn from(_: std::io::Error) -> Self {
+        Stop::Malformed
+    }
 }
 
 impl Rewriter<'_, '_> {
@@ -104,111 +130,116 @@ pub fn rewrite_xml(input: &[u8], tr: &Translator<'_>) -> Result<Option<Vec<u8>>,
         tr,
         writer: Writer::new(Vec::with_capacity(input.len() + 64)),
         held: None,
+        stack: Vec::new(),
+        capture: None,
+        filter_listing: tr.direction == Direction::ToLogical && !tr.shows_unmapped(),
     };
-    let mut stack: Vec<String> = Vec::new();
-    let mut capture: Option<Capture> = None;
-    let filter_listing = tr.direction == Direction::ToLogical && !tr.shows_unmapped();
     loop {
         let event = match reader.read_event() {
             Ok(Event::Eof) => break,
             Ok(event) => event,
             Err(_) => return Ok(None),
         };
-        let written = match event {
-            Event::Start(start) => {
-                let name = String::from_utf8_lossy(start.local_name().as_ref()).into_owned();
-                if let Some(cap) = capture.take() {
-                    // Not a leaf after all: put its text back unchanged.
-                    if rw
-                        .emit(Event::Text(BytesText::from_escaped(cap.raw)))
-                        .is_err()
-                    {
-                        return Ok(None);
-                    }
-                }
-                let entry = filter_listing
-                    && name == "Bucket"
-                    && stack.last().map(String::as_str) == Some("Buckets")
-                    && rw.held.is_none();
-                if entry {
-                    rw.held = Some(Held {
-                        depth: stack.len(),
-                        events: Vec::new(),
-                        mapped: false,
-                    });
-                }
-                if let Some(leaf) = leaf_kind(&stack, &name) {
-                    capture = Some(Capture {
-                        leaf,
-                        depth: stack.len(),
-                        raw: String::new(),
-                    });
-                }
-                stack.push(name);
-                rw.emit(Event::Start(start))
-            }
-            Event::Text(text) if capture.is_some() => {
-                if let Some(cap) = &mut capture {
+        match rw.event(event) {
+            Ok(()) => {}
+            Err(Stop::Malformed) => return Ok(None),
+            Err(Stop::Refused(error)) => return Err(error),
+        }
+    }
+    if !rw.stack.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(rw.writer.into_inner()))
+}
+
+impl Rewriter<'_, '_> {
+    /// Handles one event: a leaf's text is collected until its end tag, the
+    /// rest is written (or held) as it is.
+    fn event(&mut self, event: Event<'_>) -> Result<(), Stop> {
+        match event {
+            Event::Start(start) => self.start(start),
+            Event::Text(text) if self.capture.is_some() => {
+                if let Some(cap) = &mut self.capture {
                     cap.raw
                         .push_str(&String::from_utf8_lossy(&text.into_inner()));
                 }
                 Ok(())
             }
-            Event::GeneralRef(reference) if capture.is_some() => {
-                if let Some(cap) = &mut capture {
+            Event::GeneralRef(reference) if self.capture.is_some() => {
+                if let Some(cap) = &mut self.capture {
                     cap.raw.push('&');
                     cap.raw.push_str(&String::from_utf8_lossy(&reference));
                     cap.raw.push(';');
                 }
                 Ok(())
             }
-            Event::CData(cdata) if capture.is_some() => {
-                if let Some(cap) = &mut capture {
+            Event::CData(cdata) if self.capture.is_some() => {
+                if let Some(cap) = &mut self.capture {
                     let content = String::from_utf8_lossy(&cdata.into_inner()).into_owned();
                     cap.raw
                         .push_str(&quick_xml::escape::escape(content.as_str()));
                 }
                 Ok(())
             }
-            Event::End(end) => {
-                let depth = stack.len().saturating_sub(1);
-                if let Some(cap) = capture.take_if(|c| c.depth == depth) {
-                    let Ok(text) = quick_xml::escape::unescape(&cap.raw) else {
-                        return Ok(None);
-                    };
-                    let new = rw.translate(cap.leaf, &text)?;
-                    let escaped = quick_xml::escape::escape(new.as_str()).into_owned();
-                    if rw
-                        .emit(Event::Text(BytesText::from_escaped(escaped)))
-                        .is_err()
-                    {
-                        return Ok(None);
-                    }
-                }
-                stack.pop();
-                let result = rw.emit(Event::End(end));
-                if rw.held.as_ref().is_some_and(|h| h.depth == stack.len())
-                    && let Some(held) = rw.held.take()
-                    && held.mapped
-                {
-                    for event in held.events {
-                        if rw.writer.write_event(event).is_err() {
-                            return Ok(None);
-                        }
-                    }
-                }
-                result
-            }
-            other => rw.emit(other),
-        };
-        if written.is_err() {
-            return Ok(None);
+            Event::End(end) => self.end(end),
+            other => Ok(self.emit(other)?),
         }
     }
-    if !stack.is_empty() {
-        return Ok(None);
+
+    /// A start tag: starts holding a listing entry or capturing a leaf.
+    fn start(&mut self, start: BytesStart<'_>) -> Result<(), Stop> {
+        let name = String::from_utf8_lossy(start.local_name().as_ref()).into_owned();
+        if let Some(cap) = self.capture.take() {
+            // Not a leaf after all: put its text back unchanged.
+            self.emit(Event::Text(BytesText::from_escaped(cap.raw)))?;
+        }
+        let entry = self.filter_listing
+            && name == "Bucket"
+            && self.stack.last().map(String::as_str) == Some("Buckets")
+            && self.held.is_none();
+        if entry {
+            self.held = Some(Held {
+                depth: self.stack.len(),
+                events: Vec::new(),
+                mapped: false,
+            });
+        }
+        if let Some(leaf) = leaf_kind(&self.stack, &name) {
+            self.capture = Some(Capture {
+                leaf,
+                depth: self.stack.len(),
+                raw: String::new(),
+            });
+        }
+        self.stack.push(name);
+        Ok(self.emit(Event::Start(start))?)
     }
-    Ok(Some(rw.writer.into_inner()))
+
+    /// An end tag: writes a captured leaf's translated text, and releases a
+    /// held listing entry (kept only when the mapping knows its bucket).
+    fn end(&mut self, end: BytesEnd<'_>) -> Result<(), Stop> {
+        let depth = self.stack.len().saturating_sub(1);
+        if let Some(cap) = self.capture.take_if(|c| c.depth == depth) {
+            let text = quick_xml::escape::unescape(&cap.raw).map_err(|_| Stop::Malformed)?;
+            let new = self.translate(cap.leaf, &text)?;
+            let escaped = quick_xml::escape::escape(new.as_str()).into_owned();
+            self.emit(Event::Text(BytesText::from_escaped(escaped)))?;
+        }
+        self.stack.pop();
+        let result = self.emit(Event::End(end));
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| h.depth == self.stack.len())
+            && let Some(held) = self.held.take()
+            && held.mapped
+        {
+            for event in held.events {
+                self.writer.write_event(event)?;
+            }
+        }
+        Ok(result?)
+    }
 }
 
 #[cfg(test)]
