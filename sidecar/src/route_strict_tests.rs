@@ -93,6 +93,7 @@ fn every_discovery_method_is_routed_and_rewritten_or_refused_with_a_reason() {
 
 /// The request shapes issue 8 found forwarded naming an unmapped bucket.
 #[test]
+#[allow(clippy::too_many_lines)] // a table of cases
 fn shapes_that_slipped_past_the_old_router_are_refused() {
     use RouteError as E;
     let unknown = |m: &str, p: &str| E::UnknownOperation {
