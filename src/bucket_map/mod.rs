@@ -3,7 +3,7 @@
 //! only. The sidecars mount it.
 //!
 //! **One writer per namespace.** The whole map of a namespace is computed
-//! from the resources that claim an entry ([`plan`]) and written by a single
+//! from the resources that claim an entry ([`Claim`], [`Verdict`]) and written by a single
 //! server-side-apply field manager ([`MAP_FIELD_MANAGER`]), so a write costs
 //! the API server O(entries) and `managedFields` stays one entry long. Claims
 //! arriving close together are coalesced: after the first one a short
