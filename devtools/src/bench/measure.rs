@@ -9,6 +9,8 @@ use anyhow::Context as _;
 
 use bucketmap_testkit::testenv::{self, TestEnv};
 
+use super::BenchArgs;
+
 /// `bucketmap operator` as a child process, watching every namespace.
 pub struct Operator {
     child: tokio::process::Child,
@@ -20,11 +22,15 @@ impl Operator {
     pub async fn start(
         env: &TestEnv,
         gcs_endpoint: &str,
-        resync: Duration,
+        args: &BenchArgs,
     ) -> anyhow::Result<Self> {
-        // This binary's hidden `operator` command runs `bucketmap operator`'s
-        // entry point, so the operator measured is always the current one.
-        let exe = std::env::current_exe().context("cannot find this binary")?;
+        // By default this binary's hidden `operator` command, which runs
+        // `bucketmap operator`'s entry point, so the operator measured is
+        // always the current code.
+        let exe = match &args.operator_bin {
+            Some(bin) => bin.clone(),
+            None => std::env::current_exe().context("cannot find this binary")?,
+        };
         let port = bucketmap_testkit::free_port()?;
         let mut command = tokio::process::Command::new(exe);
         command
@@ -32,7 +38,10 @@ impl Operator {
             .args(["--default-project", "bench-project"])
             .args(["--gcs-endpoint", gcs_endpoint])
             .args(["--bucket-ops-interval", "0s"])
-            .args(["--resync", &humantime::format_duration(resync).to_string()])
+            .args([
+                "--resync",
+                &humantime::format_duration(args.resync).to_string(),
+            ])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", env.kubeconfig_path())
             .env("RUST_LOG", "warn")

@@ -71,6 +71,11 @@ pub struct BenchArgs {
     /// Give up (and fail) when not all resources are Ready within this time.
     #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
     pub ready_timeout: Duration,
+    /// Measure this `bucketmap` binary (run as `BIN operator ...`) instead of
+    /// this binary's own `operator` command: the shipped binary, or a build
+    /// of another commit to compare against.
+    #[arg(long)]
+    pub operator_bin: Option<std::path::PathBuf>,
 }
 
 mod measure;
@@ -131,7 +136,7 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
     bucketmap_testkit::testenv::install_crd(&client, &Gcs::crd()).await?;
     let mock = MockGcs::start().await?;
     let (baseline, baseline_apiserver_cpu) = measure_baseline(args, shape, &client).await?;
-    let operator = Operator::start(&env, &mock.endpoint(), args.resync).await?;
+    let operator = Operator::start(&env, &mock.endpoint(), args).await?;
     let report = measure_operator(args, shape, &client, &mock.handle(), &operator).await?;
     operator.stop().await;
     mock.shutdown().await;
