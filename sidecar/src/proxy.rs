@@ -301,7 +301,6 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
-        let from_client = self.metrics.from_client();
         let encoding = match routed.request_body {
             // Object data: never decoded, its encoding is the client's business.
             RequestBody::Stream => Encoding::Identity,
@@ -320,18 +319,18 @@ impl Proxy {
             gzipped: encoding == Encoding::Gzip,
         };
         Ok(match routed.request_body {
-            RequestBody::Stream => Outgoing::Body(boxed(Counted::new(body, from_client))),
+            RequestBody::Stream => {
+                Outgoing::Body(boxed(Counted::new(body, self.metrics.from_client())))
+            }
             RequestBody::None => self.no_body(&req, headers, body).await?,
             RequestBody::Json(hint) => {
-                let bytes = self.read_metadata(incoming, body).await?;
-                from_client.inc_by(bytes.len() as u64);
+                let bytes = self.read_metadata(&req, body).await?;
                 check_request_json(&bytes, routed.request_kind)?;
                 let new = rewrite_json_bytes(&bytes, hint, to_physical)?;
                 Outgoing::Body(replaced_body(headers, bytes, new))
             }
             RequestBody::Xml => {
-                let bytes = self.read_metadata(incoming, body).await?;
-                from_client.inc_by(bytes.len() as u64);
+                let bytes = self.read_metadata(&req, body).await?;
                 let new = rewrite_xml(&bytes, to_physical)?;
                 Outgoing::Body(replaced_body(headers, bytes, new))
             }
@@ -352,8 +351,7 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
-        let bytes = self.read_metadata(req.incoming, body).await?;
-        self.metrics.from_client().inc_by(bytes.len() as u64);
+        let bytes = self.read_metadata(req, body).await?;
         if !bytes.is_empty() {
             return Err(ApiError::bad_request(format!(
                 "bucketmap-sidecar refuses a request body on {}, which takes none",
@@ -419,8 +417,7 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
-        let bytes = self.read_metadata(req.incoming, body).await?;
-        self.metrics.from_client().inc_by(bytes.len() as u64);
+        let bytes = self.read_metadata(req, body).await?;
         let plan = batch::prepare(&bytes, req.content_type, req.to_physical)?;
         for reason in plan.refusals() {
             self.metrics.refused(reason);
@@ -465,24 +462,26 @@ impl Proxy {
         self.upstream.by_ref().call(request)
     }
 
-    async fn read_metadata<B>(&self, headers: &HeaderMap, body: B) -> Result<Bytes, ApiError>
+    /// A metadata body, read up to `--max-metadata-bytes`, decoded when the
+    /// client gzipped it, and counted as bytes from the client.
+    async fn read_metadata<B>(&self, req: &BodyRequest<'_, '_>, body: B) -> Result<Bytes, ApiError>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
         let limit = self.settings.max_metadata_bytes;
-        let encoding = content_encoding(headers)
-            .map_err(|e| ApiError::bad_request(format!("bucketmap-sidecar: {e}")))?;
         let bytes = collect_capped(body, limit).await.map_err(|e| match e {
             CollectError::TooLarge { limit } => ApiError::too_large(limit),
             CollectError::Body(err) => {
                 ApiError::bad_request(format!("cannot read the request body: {err}"))
             }
         })?;
-        match encoding {
-            Encoding::Identity => Ok(bytes),
-            Encoding::Gzip => gunzip(&bytes, limit).map_err(GunzipError::into_api_error),
-        }
+        let bytes = match req.gzipped {
+            false => bytes,
+            true => gunzip(&bytes, limit).map_err(GunzipError::into_api_error)?,
+        };
+        self.metrics.from_client().inc_by(bytes.len() as u64);
+        Ok(bytes)
     }
 
     /// Translates the upstream's answer: link headers always; the body when it
