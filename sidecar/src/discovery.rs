@@ -172,6 +172,21 @@ pub struct Operation {
 }
 
 impl Operation {
+    /// A concrete request path for this method's template: `bucket` for the
+    /// bucket segments, `x` for the other parameters (tests and tools).
+    pub fn example_path(&self, bucket: &str) -> String {
+        let parts: Vec<&str> = self
+            .segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(lit) => lit.as_str(),
+                Segment::Bucket => bucket,
+                Segment::Param => "x",
+            })
+            .collect();
+        format!("/storage/v1/{}", parts.join("/"))
+    }
+
     /// The resource its request body holds, when it takes one.
     pub fn request_resource(&self) -> Option<Resource> {
         self.request.as_deref().map(schema_resource)

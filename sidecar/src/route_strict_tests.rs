@@ -22,25 +22,12 @@ fn route_target(method: &Method, target: &str) -> Result<Route, RouteError> {
     route(method, path, query, None)
 }
 
-/// A concrete path for a template: `photos` for buckets, `x` for the rest.
-pub(crate) fn example_path(segments: &[Segment], bucket: &str) -> String {
-    let parts: Vec<&str> = segments
-        .iter()
-        .map(|s| match s {
-            Segment::Literal(lit) => lit.as_str(),
-            Segment::Bucket => bucket,
-            Segment::Param => "x",
-        })
-        .collect();
-    format!("/storage/v1/{}", parts.join("/"))
-}
-
 #[test]
 fn every_discovery_method_is_routed_and_rewritten_or_refused_with_a_reason() {
     let table = table().unwrap_or_else(|e| panic!("{e}"));
     let m = mapping();
     for op in &table.operations {
-        let path = example_path(&op.segments, "photos");
+        let path = op.example_path("photos");
         let routed = route(&op.method, &path, None, None);
         match op.class {
             Class::Routed => {
@@ -61,7 +48,7 @@ fn every_discovery_method_is_routed_and_rewritten_or_refused_with_a_reason() {
                 let upstream = replace_slots(&path, &r.buckets, &names);
                 assert_eq!(
                     upstream,
-                    example_path(&op.segments, "photos-k3x9q2mw"),
+                    op.example_path("photos-k3x9q2mw"),
                     "{}: every bucket segment rewritten",
                     op.name
                 );

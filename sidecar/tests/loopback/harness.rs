@@ -22,7 +22,6 @@ use tokio::sync::watch;
 
 use bucketmap_sidecar::auth::Auth;
 use bucketmap_sidecar::body::{BoxError, ProxyBody, empty, full};
-use bucketmap_sidecar::discovery::Segment;
 use bucketmap_sidecar::mapping::{Mapping, MappingStore};
 use bucketmap_sidecar::metrics::Metrics;
 use bucketmap_sidecar::proxy::{Proxy, ProxySettings, build_client};
@@ -317,18 +316,4 @@ pub fn channel_body() -> (
 ) {
     let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
     (tx, BodyExt::boxed(StreamBody::new(rx)))
-}
-
-/// A concrete path for a discovery template: `bucket` for the bucket
-/// segments, `x` for the other parameters.
-pub fn example_path(segments: &[Segment], bucket: &str) -> String {
-    let parts: Vec<&str> = segments
-        .iter()
-        .map(|s| match s {
-            Segment::Literal(lit) => lit.as_str(),
-            Segment::Bucket => bucket,
-            Segment::Param => "x",
-        })
-        .collect();
-    format!("/storage/v1/{}", parts.join("/"))
 }

@@ -213,7 +213,7 @@ async fn every_discovery_method_is_forwarded_rewritten_or_refused() {
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
     let table = table().expect("the discovery table");
     for op in &table.operations {
-        let target = example_path(&op.segments, "photos");
+        let target = op.example_path("photos");
         let body = if op.request.is_some() {
             full("{}")
         } else {
@@ -228,7 +228,7 @@ async fn every_discovery_method_is_forwarded_rewritten_or_refused() {
                 assert_eq!(seen.len(), forwarded + 1, "{}: forwarded once", op.name);
                 assert_eq!(
                     seen[forwarded].target,
-                    example_path(&op.segments, PHYSICAL),
+                    op.example_path(PHYSICAL),
                     "{}",
                     op.name
                 );
