@@ -59,6 +59,7 @@ pub mod config;
 pub mod discovery;
 pub mod encoding;
 pub mod errors;
+pub mod grpc;
 pub mod layers;
 pub mod mapping;
 pub mod metrics;

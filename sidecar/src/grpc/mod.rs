@@ -1,0 +1,5 @@
+//! The gRPC API (`google.storage.v2`, `google.storage.control.v2`).
+#[rustfmt::skip]
+#[allow(missing_docs, reason = "generated")]
+pub mod schema;
+pub mod table;
