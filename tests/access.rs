@@ -171,12 +171,6 @@ async fn grants_land_next_to_foreign_and_conditional_bindings_which_survive_ever
     assert_eq!(recorded(&g), expected);
     f.wait_event("photos", "AccessGranted").await?;
 
-    // Steady state: the policy is read, never written.
-    f.gcs.reset_calls();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(f.gcs.call_count("GetIamPolicy") >= 1, "{:?}", f.gcs.calls());
-    assert_eq!(f.gcs.call_count("SetIamPolicy"), 0, "{:?}", f.gcs.calls());
-
     // A grant leaves the spec: exactly it is revoked.
     f.merge_spec(
         "photos",
@@ -505,5 +499,46 @@ async fn a_restart_after_a_lost_write_response_forgets_no_grant() -> TestResult 
         |g| recorded(g).is_empty(),
     )
     .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_steady_state_reads_the_policy_once_per_resync_and_only_with_access() -> TestResult {
+    let f = started().await?;
+    service_account(&f, "app", Some(GSA)).await?;
+    let access = json!([{"serviceAccount": "app", "role": "objectViewer"}]);
+    f.create("with", json!({"bucketName": "with", "access": access}))
+        .await?;
+    let plain = ready_bucket(&f, "plain", json!({"bucketName": "plain"})).await?;
+    let with = physical(&wait_access(&f, "with", "AccessGranted").await?);
+    f.gcs.reset_calls();
+    // The fixture's resync is 2 s: a few resyncs of each resource.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let calls = f.gcs.calls();
+    let count = |bucket: &str, method: &str| {
+        calls
+            .iter()
+            .filter(|c| c.bucket.as_deref() == Some(bucket) && c.method == method)
+            .count()
+    };
+    let others: Vec<&str> = calls
+        .iter()
+        .map(|c| c.method.as_str())
+        .filter(|m| !matches!(*m, "GetBucket" | "GetIamPolicy"))
+        .collect();
+    assert!(others.is_empty(), "only reads in steady state: {others:?}");
+    assert!(count(&plain, "GetBucket") >= 2, "{calls:?}");
+    assert_eq!(
+        count(&plain, "GetIamPolicy"),
+        0,
+        "no access, no policy read"
+    );
+    let (reads, policy_reads) = (count(&with, "GetBucket"), count(&with, "GetIamPolicy"));
+    assert!(reads >= 2, "{calls:?}");
+    // One policy read per resync (a resync may straddle the window's edge).
+    assert!(
+        reads.abs_diff(policy_reads) <= 1,
+        "{reads} GetBucket vs {policy_reads} GetIamPolicy"
+    );
     Ok(())
 }

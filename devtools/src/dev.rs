@@ -238,11 +238,12 @@ async fn start_gcs(
 }
 
 /// The kinds of `examples/` applied: everything on the local control plane
-/// (nothing runs workloads there); on an existing cluster only namespaces and
-/// `Gcs` resources, since the example workloads' image is not built here.
+/// (nothing runs workloads there); on an existing cluster only namespaces,
+/// the ServiceAccounts the buckets grant access to and `Gcs` resources,
+/// since the example workloads' image is not built here.
 fn applied_kinds(args: &DevArgs) -> impl Fn(&str) -> bool + use<> {
     let existing = args.existing_cluster;
-    move |kind: &str| !existing || kind == "Namespace" || kind == "Gcs"
+    move |kind: &str| !existing || matches!(kind, "Namespace" | "ServiceAccount" | "Gcs")
 }
 
 /// The (namespace, name) of every `Gcs` among `applied`.
@@ -297,6 +298,13 @@ fn print_summary(cluster: &Cluster, gcs: &str, ready: &[Gcs]) {
             st.bucket_full_name.unwrap_or_default(),
             st.project_id.unwrap_or_default()
         );
+        for a in &st.access {
+            let who = a
+                .service_account
+                .as_deref()
+                .map_or_else(String::new, |sa| format!(" (ServiceAccount {sa})"));
+            println!("      access: {} {}{who}", a.role, a.member);
+        }
     }
     println!("  try: {} get gcs -A", cluster.kubectl);
 }
