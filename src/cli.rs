@@ -308,3 +308,56 @@ fn default_identity() -> String {
         format!("{}-{}", host.trim(), std::process::id())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Command {
+        #[command(flatten)]
+        args: OperatorArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<OperatorConfig, clap::Error> {
+        let argv = std::iter::once("bucketmap").chain(flags.iter().copied());
+        Command::try_parse_from(argv).map(|c| operator_config(&c.args))
+    }
+
+    #[test]
+    fn the_workload_identity_pool_comes_with_its_project_number() {
+        let config = parse(&[
+            "--workload-identity-pool",
+            "acme.svc.id.goog",
+            "--workload-identity-project-number",
+            "123456789012",
+        ])
+        .expect("both flags parse");
+        assert_eq!(
+            config.workload_identity,
+            Some(WorkloadIdentity {
+                pool: "acme.svc.id.goog".into(),
+                project_number: "123456789012".into(),
+            })
+        );
+        let none = parse(&[]).expect("no flags parse");
+        assert_eq!(none.workload_identity, None);
+        for alone in [
+            &["--workload-identity-pool", "acme.svc.id.goog"][..],
+            &["--workload-identity-project-number", "123456789012"][..],
+        ] {
+            assert!(parse(alone).is_err(), "{alone:?} alone is refused");
+        }
+        let bad = parse(&[
+            "--workload-identity-pool",
+            "acme.svc.id.goog",
+            "--workload-identity-project-number",
+            "acme",
+        ]);
+        let message = bad
+            .expect_err("a project id is no project number")
+            .to_string();
+        assert!(message.contains("not a project number"), "{message}");
+    }
+}
