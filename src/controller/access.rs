@@ -135,7 +135,12 @@ pub(super) async fn grant_access(
     };
     announce(obj, ctx, physical, &edit, &previous).await;
     status.status.access = resolution.granted.clone();
-    report(obj, ctx, status, physical, &resolution).await;
+    if obj.spec.access.is_empty() {
+        // Everything recorded was revoked: nothing is declared any more.
+        status.condition(ACCESS, None);
+    } else {
+        report(obj, ctx, status, physical, &resolution).await;
+    }
     Ok(())
 }
 

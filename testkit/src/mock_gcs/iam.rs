@@ -296,3 +296,138 @@ pub fn has_member(policy: &Policy, role: &str, member: &str) -> bool {
         .iter()
         .any(|b| b.role == role && b.condition.is_none() && b.members.iter().any(|m| m == member))
 }
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context as _;
+    use google_cloud_gax::error::rpc::Code;
+    use google_cloud_gax::retry_policy::NeverRetry;
+    use google_cloud_storage::client::StorageControl;
+
+    use super::super::{MockGcs, proto};
+    use super::iam_proto::{Binding, Expr};
+
+    const BUCKET: &str = "photos-k3x9q2mw";
+
+    async fn started() -> anyhow::Result<(MockGcs, StorageControl)> {
+        let mock = MockGcs::start().await?;
+        let bucket = proto::Bucket {
+            bucket_id: BUCKET.into(),
+            ..proto::Bucket::default()
+        };
+        mock.handle().insert_bucket("acme-staging", bucket)?;
+        let client = StorageControl::builder()
+            .with_endpoint(mock.endpoint())
+            .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+            .with_retry_policy(NeverRetry)
+            .build()
+            .await
+            .context("cannot build the StorageControl client")?;
+        Ok((mock, client))
+    }
+
+    fn code(err: &google_cloud_storage::Error) -> Option<Code> {
+        err.status().map(|s| s.code)
+    }
+
+    #[tokio::test]
+    async fn a_write_with_a_stale_etag_is_aborted_and_a_fresh_one_goes_through()
+    -> anyhow::Result<()> {
+        let (mock, client) = started().await?;
+        let resource = format!("projects/_/buckets/{BUCKET}");
+        let read = client
+            .get_iam_policy()
+            .set_resource(&resource)
+            .send()
+            .await?;
+        assert!(read.bindings.is_empty());
+        assert!(!read.etag.is_empty(), "a policy always has an etag");
+        mock.handle().modify_iam_policy(BUCKET, |p| {
+            p.bindings.push(Binding {
+                role: "roles/storage.objectViewer".into(),
+                members: vec!["user:ana@acme.com".into()],
+                condition: None,
+            });
+        })?;
+        let stale = client
+            .set_iam_policy()
+            .set_resource(&resource)
+            .set_policy(read.clone())
+            .send()
+            .await;
+        let err = stale.expect_err("a stale etag is refused");
+        assert_eq!(code(&err), Some(Code::Aborted), "{err}");
+        assert_eq!(
+            mock.handle().iam_policy(BUCKET).map(|p| p.bindings.len()),
+            Some(1)
+        );
+        let fresh = client
+            .get_iam_policy()
+            .set_resource(&resource)
+            .send()
+            .await?;
+        assert_ne!(fresh.etag, read.etag);
+        let written = client
+            .set_iam_policy()
+            .set_resource(&resource)
+            .set_policy(fresh.clone())
+            .send()
+            .await?;
+        assert_ne!(written.etag, fresh.etag, "every write changes the etag");
+        let missing = client
+            .get_iam_policy()
+            .set_resource("projects/_/buckets/nope")
+            .send()
+            .await;
+        assert_eq!(missing.err().as_ref().and_then(code), Some(Code::NotFound));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn conditional_bindings_need_policy_version_3() -> anyhow::Result<()> {
+        let (mock, client) = started().await?;
+        mock.handle().modify_iam_policy(BUCKET, |p| {
+            p.version = 3;
+            p.bindings.push(Binding {
+                role: "roles/storage.objectViewer".into(),
+                members: vec!["user:ana@acme.com".into()],
+                condition: Some(Expr {
+                    expression: "request.time < timestamp('2030-01-01T00:00:00Z')".into(),
+                    ..Expr::default()
+                }),
+            });
+        })?;
+        let resource = format!("projects/_/buckets/{BUCKET}");
+        let v1 = client.get_iam_policy().set_resource(&resource).send().await;
+        let err = v1.expect_err("version 1 cannot show a condition");
+        assert_eq!(code(&err), Some(Code::InvalidArgument), "{err}");
+        // A concurrent writer acts right after the next successful read.
+        mock.handle()
+            .interleave_iam_write(BUCKET, |p| p.bindings.clear());
+        let refused = client.get_iam_policy().set_resource(&resource).send().await;
+        assert!(refused.is_err());
+        assert_eq!(
+            mock.handle().pending_iam_writes(),
+            1,
+            "not after a refused read"
+        );
+        mock.handle()
+            .modify_iam_policy(BUCKET, |p| p.bindings[0].condition = None)?;
+        let read = client
+            .get_iam_policy()
+            .set_resource(&resource)
+            .send()
+            .await?;
+        assert_eq!(
+            read.bindings.len(),
+            1,
+            "the read shows the policy before the writer"
+        );
+        assert_eq!(mock.handle().pending_iam_writes(), 0);
+        assert_eq!(
+            mock.handle().iam_policy(BUCKET).map(|p| p.bindings.len()),
+            Some(0)
+        );
+        Ok(())
+    }
+}
