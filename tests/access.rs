@@ -542,3 +542,41 @@ async fn the_steady_state_reads_the_policy_once_per_resync_and_only_with_access(
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_policy_the_operator_may_not_edit_is_permission_denied_and_retried() -> TestResult {
+    let f = started().await?;
+    service_account(&f, "app", Some(GSA)).await?;
+    let bucket = ready_bucket(&f, "photos", json!({"bucketName": "photos"})).await?;
+    f.gcs.add_fault(
+        Fault::new("SetIamPolicy", tonic::Code::PermissionDenied)
+            .bucket(&bucket)
+            .message("caller lacks storage.buckets.setIamPolicy"),
+    );
+    f.merge_spec(
+        "photos",
+        json!({"access": [{"serviceAccount": "app", "role": "objectViewer"}]}),
+    )
+    .await?;
+    let g = wait_access(&f, "photos", "PermissionDenied").await?;
+    let condition = access_condition(&g).expect("Access condition");
+    assert!(
+        condition.message.contains("storage.buckets.setIamPolicy"),
+        "{}",
+        condition.message
+    );
+    assert_eq!(
+        g.ready_condition().map(|c| c.reason.as_str()),
+        Some("PermissionDenied")
+    );
+    f.gcs.clear_faults();
+    wait_access(&f, "photos", "AccessGranted").await?;
+    f.wait_ready("photos").await?;
+    let policy = f.gcs.iam_policy(&bucket).unwrap_or_default();
+    assert!(has_member(
+        &policy,
+        VIEWER,
+        &format!("serviceAccount:{GSA}")
+    ));
+    Ok(())
+}
