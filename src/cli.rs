@@ -12,6 +12,7 @@ use clap::Args;
 
 use crate::controller::{self, OperatorConfig};
 use crate::gcs::{GcsClient, GcsConfig};
+use crate::iam::WorkloadIdentity;
 use crate::leader::{self, LeaderElection};
 use crate::metrics::{self, Health, Metrics};
 
@@ -71,6 +72,18 @@ pub struct OperatorArgs {
     /// write, so that a burst of new resources makes one write.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     map_debounce: Duration,
+    /// Workload Identity Federation pool of the cluster (e.g.
+    /// PROJECT_ID.svc.id.goog): a ServiceAccount without the annotation
+    /// iam.gke.io/gcp-service-account is granted as its principal.
+    #[arg(
+        long,
+        env = "BUCKETMAP_WORKLOAD_IDENTITY_POOL",
+        requires = "workload_identity_project_number"
+    )]
+    workload_identity_pool: Option<String>,
+    /// Number of the project that owns --workload-identity-pool.
+    #[arg(long, env = "BUCKETMAP_WORKLOAD_IDENTITY_PROJECT_NUMBER", requires = "workload_identity_pool", value_parser = project_number)]
+    workload_identity_project_number: Option<String>,
     /// Run as one of several replicas: only the holder of a Lease reconciles.
     #[arg(long)]
     leader_elect: bool,
@@ -137,6 +150,25 @@ fn operator_config(args: &OperatorArgs) -> OperatorConfig {
         map_name: args.map_name.clone(),
         map_max_bytes: args.map_max_bytes,
         map_debounce: args.map_debounce,
+        workload_identity: args
+            .workload_identity_pool
+            .clone()
+            .zip(args.workload_identity_project_number.clone())
+            .map(|(pool, project_number)| WorkloadIdentity {
+                pool,
+                project_number,
+            }),
+    }
+}
+
+/// A project number: digits only (the pool's principal names it).
+fn project_number(value: &str) -> Result<String, String> {
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a project number (digits only, e.g. 123456789012)"
+        ))
     }
 }
 
@@ -275,4 +307,57 @@ fn default_identity() -> String {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Command {
+        #[command(flatten)]
+        args: OperatorArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<OperatorConfig, clap::Error> {
+        let argv = std::iter::once("bucketmap").chain(flags.iter().copied());
+        Command::try_parse_from(argv).map(|c| operator_config(&c.args))
+    }
+
+    #[test]
+    fn the_workload_identity_pool_comes_with_its_project_number() {
+        let config = parse(&[
+            "--workload-identity-pool",
+            "acme.svc.id.goog",
+            "--workload-identity-project-number",
+            "123456789012",
+        ])
+        .expect("both flags parse");
+        assert_eq!(
+            config.workload_identity,
+            Some(WorkloadIdentity {
+                pool: "acme.svc.id.goog".into(),
+                project_number: "123456789012".into(),
+            })
+        );
+        let none = parse(&[]).expect("no flags parse");
+        assert_eq!(none.workload_identity, None);
+        for alone in [
+            &["--workload-identity-pool", "acme.svc.id.goog"][..],
+            &["--workload-identity-project-number", "123456789012"][..],
+        ] {
+            assert!(parse(alone).is_err(), "{alone:?} alone is refused");
+        }
+        let bad = parse(&[
+            "--workload-identity-pool",
+            "acme.svc.id.goog",
+            "--workload-identity-project-number",
+            "acme",
+        ]);
+        let message = bad
+            .expect_err("a project id is no project number")
+            .to_string();
+        assert!(message.contains("not a project number"), "{message}");
+    }
 }

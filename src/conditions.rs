@@ -5,7 +5,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 /// Condition type users wait for.
 pub const READY: &str = "Ready";
 
-/// Reasons of the `Ready` condition.
+/// Condition type saying whether every grant of `spec.access` is in place.
+pub const ACCESS: &str = "Access";
+
+/// Reasons of the `Ready` and `Access` conditions.
 pub mod reason {
     /// The bucket exists, is ours and matches the spec.
     pub const BUCKET_READY: &str = "BucketReady";
@@ -37,6 +40,12 @@ pub mod reason {
     pub const BINDING_NOT_OWNED: &str = "BindingNotOwned";
     /// The bucket at the recorded name is not ours.
     pub const NOT_OWNED: &str = "NotOwned";
+    /// `Access`: every grant of `spec.access` is in the bucket's policy.
+    pub const ACCESS_GRANTED: &str = "AccessGranted";
+    /// `Access`: a grant is refused (tenant rules, no identity).
+    pub const ACCESS_NOT_ALLOWED: &str = "AccessNotAllowed";
+    /// `Access`: a granted ServiceAccount does not exist yet.
+    pub const ACCESS_PENDING: &str = "AccessPending";
 }
 
 /// Sets condition `type_` in `conditions`, keeping `lastTransitionTime` when

@@ -138,6 +138,48 @@ pub struct GcsSpec {
     /// non-empty bucket is kept and the deletion waits.
     #[serde(default)]
     pub force_destroy: bool,
+
+    /// Who may use the bucket: IAM roles on the bucket for ServiceAccounts of
+    /// this namespace (through GKE Workload Identity) or for IAM principals
+    /// the namespace allows. The operator grants exactly these, revokes what
+    /// it granted when a grant is removed, and never touches other bindings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub access: Vec<AccessGrant>,
+}
+
+/// One grant: a role on the bucket for a ServiceAccount of the resource's
+/// namespace or for an IAM principal.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.serviceAccount) != has(self.member)").message("an access grant names exactly one of serviceAccount (a ServiceAccount of this namespace) or member (an IAM principal)"))]
+pub struct AccessGrant {
+    /// Name of a Kubernetes ServiceAccount in this resource's namespace. Its
+    /// IAM identity is the Google service account of its annotation
+    /// `iam.gke.io/gcp-service-account`, else its Workload Identity
+    /// Federation principal. Granted once the ServiceAccount exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("serviceAccount must be the name of a ServiceAccount in this namespace (no namespace, ':' or '/'): a grant can only name ServiceAccounts of the resource's own namespace"))]
+    pub service_account: Option<String>,
+
+    /// An IAM principal outside the cluster (`user:`, `group:`,
+    /// `serviceAccount:`, `domain:`, `principal://`, `principalSet://`).
+    /// Refused unless the namespace's annotation `bucketmap.dev/allowed-members`
+    /// allows it; `allUsers` and `allAuthenticatedUsers` are always refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    #[x_kube(
+        validation = Rule::new("self != 'allUsers' && self != 'allAuthenticatedUsers'").message("allUsers and allAuthenticatedUsers are never granted: a bucket managed by bucketmap is never public"),
+        validation = Rule::new("self.matches('^(user|group|serviceAccount|domain):[^ ,:]+$') || self.matches('^principal(Set)?://iam[.]googleapis[.]com/[^ ,]+$')").message("member must be an IAM principal: user:EMAIL, group:EMAIL, serviceAccount:EMAIL, domain:DOMAIN, principal://iam.googleapis.com/... or principalSet://iam.googleapis.com/..."),
+    )]
+    pub member: Option<String>,
+
+    /// The role, granted as `roles/storage.<role>`: objectViewer (read),
+    /// objectCreator (create), objectUser (read, write, delete) or
+    /// objectAdmin (everything on objects, including their IAM).
+    #[x_kube(validation = Rule::new("self in ['objectViewer', 'objectCreator', 'objectUser', 'objectAdmin']").message("role must be objectViewer, objectCreator, objectUser or objectAdmin (granted as roles/storage.<role>); other roles are not granted by bucketmap"))]
+    pub role: String,
 }
 
 fn default_location() -> String {
@@ -333,13 +375,32 @@ pub struct GcsStatus {
     /// The Service Binding Secret of this bucket (Provisioned Service).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<BindingReference>,
-    /// Latest observations; `Ready` is the one to wait for.
+    /// The IAM grants the operator made on the bucket (and revokes when they
+    /// leave `spec.access` or the resource is deleted). Recorded before the
+    /// policy is written, so a restart never forgets one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access: Vec<GrantedAccess>,
+    /// Latest observations; `Ready` is the one to wait for, `Access` says
+    /// whether every grant of `spec.access` is in place.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A grant the operator made: an IAM member and a role on the bucket.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantedAccess {
+    /// The IAM member (`serviceAccount:...`, `principal://...`, ...).
+    pub member: String,
+    /// The IAM role (`roles/storage.objectViewer`, ...).
+    pub role: String,
+    /// The ServiceAccount of this namespace the member stands for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
 }
 
 /// Reference to a Service Binding Secret in the same namespace.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use google_cloud_gax::error::rpc::Code;
 use google_cloud_gax::paginator::Paginator;
+use google_cloud_iam_v1::model::{GetPolicyOptions, Policy};
 use google_cloud_storage::client::StorageControl;
 use google_cloud_storage::model::{Bucket, Object};
 
@@ -295,6 +296,64 @@ impl GcsClient {
                 .buffer_unordered(16)
                 .try_collect::<Vec<()>>()
                 .await?;
+        }
+    }
+}
+
+/// The outcome of a conditional IAM policy write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyWrite {
+    /// The policy was written; GCS's copy, with its new etag.
+    Written(Policy),
+    /// The policy changed since it was read (etag mismatch): read it again.
+    Stale,
+}
+
+impl GcsClient {
+    /// The bucket's IAM policy at version 3 (with conditional bindings), or
+    /// `None` when the bucket does not exist.
+    pub async fn get_iam_policy(&self, bucket: &str) -> GcsResult<Option<Policy>> {
+        let started = Instant::now();
+        let options =
+            GetPolicyOptions::new().set_requested_policy_version(crate::iam::POLICY_VERSION);
+        let result = self
+            .control
+            .get_iam_policy()
+            .set_resource(bucket_resource(bucket))
+            .set_options(options)
+            .send()
+            .await;
+        match self.record("GetIamPolicy", bucket, started, result) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if e.kind == GcsErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `policy` if the bucket's policy still has `policy`'s etag.
+    pub async fn set_iam_policy(&self, bucket: &str, policy: Policy) -> GcsResult<PolicyWrite> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .set_iam_policy()
+            .set_resource(bucket_resource(bucket))
+            .set_policy(policy)
+            .send()
+            .await;
+        // IAM answers ABORTED to a stale etag, GCS's JSON API 412: both mean
+        // somebody else wrote first.
+        let stale = matches!(
+            result
+                .as_ref()
+                .err()
+                .and_then(|e| e.status())
+                .map(|s| s.code),
+            Some(Code::Aborted | Code::FailedPrecondition)
+        );
+        match self.record("SetIamPolicy", bucket, started, result) {
+            Ok(p) => Ok(PolicyWrite::Written(p)),
+            Err(_) if stale => Ok(PolicyWrite::Stale),
+            Err(e) => Err(e),
         }
     }
 }

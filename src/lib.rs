@@ -5,6 +5,7 @@
 //! - [`naming`]: deterministic physical names and ownership labels;
 //! - [`settings`]: desired vs observed bucket settings (drift);
 //! - [`gcs`]: bucket operations through the official `google-cloud-storage` crate;
+//! - [`iam`]: who may use a bucket (members, roles, tenant rules, policy edits);
 //! - [`controller`]: the reconciler;
 //! - [`metrics`], [`telemetry`]: operations.
 //!
@@ -21,6 +22,7 @@ pub mod controller;
 pub mod crd;
 pub mod events;
 pub mod gcs;
+pub mod iam;
 pub mod leader;
 pub mod metrics;
 pub mod naming;

@@ -74,4 +74,51 @@ fn main() {
         .build_client(false)
         .build_transport(false)
         .compile(&[service.build()]);
+    compile_control_service();
+}
+
+/// The unary `google.storage.control.v2.StorageControl` methods the mock
+/// serves (a bucket's IAM policy), as in [`METHODS`]; the message types are
+/// `google.iam.v1`'s.
+const CONTROL_METHODS: &[(&str, &str, &str, &str)] = &[
+    (
+        "get_iam_policy",
+        "GetIamPolicy",
+        "GetIamPolicyRequest",
+        "Policy",
+    ),
+    (
+        "set_iam_policy",
+        "SetIamPolicy",
+        "SetIamPolicyRequest",
+        "Policy",
+    ),
+];
+
+/// Generates the server half of `google.storage.control.v2.StorageControl`
+/// (included by `src/mock_gcs/iam.rs`).
+fn compile_control_service() {
+    let service = CONTROL_METHODS.iter().fold(
+        Service::builder()
+            .name("StorageControl")
+            .package("google.storage.control.v2")
+            .comment(
+                "Server side of the Storage Control gRPC API, limited to what the mock serves.",
+            ),
+        |service, (name, route, input, output)| {
+            service.method(
+                Method::builder()
+                    .name(*name)
+                    .route_name(*route)
+                    .input_type(format!("crate::mock_gcs::iam_proto::{input}"))
+                    .output_type(format!("crate::mock_gcs::iam_proto::{output}"))
+                    .codec_path("tonic_prost::ProstCodec")
+                    .build(),
+            )
+        },
+    );
+    Builder::new()
+        .build_client(false)
+        .build_transport(false)
+        .compile(&[service.build()]);
 }

@@ -319,6 +319,10 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
             "image.tag=1.2.3",
             "--set",
             "replicas=3",
+            "--set",
+            "workloadIdentity.pool=acme.svc.id.goog",
+            "--set-string",
+            "workloadIdentity.projectNumber=123456789012",
         ],
     )
     .await?;
@@ -347,6 +351,19 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
         ),
         "{container:#}"
     );
+    for (name, value) in [
+        ("BUCKETMAP_WORKLOAD_IDENTITY_POOL", "acme.svc.id.goog"),
+        ("BUCKETMAP_WORKLOAD_IDENTITY_PROJECT_NUMBER", "123456789012"),
+    ] {
+        let env = serde_json::json!({"name": name, "value": value});
+        assert!(
+            container["env"]
+                .as_array()
+                .context("no env")?
+                .contains(&env),
+            "{container:#}"
+        );
+    }
     let sa = get("ServiceAccount", "bucketmap")?;
     assert!(sa.pointer("/metadata/annotations").is_none(), "{sa:#}");
     Ok(())

@@ -99,10 +99,38 @@ async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() ->
         .env_remove("POD_NAMESPACE")
         .spawn()?;
 
-    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+    // spec.access: the ServiceAccount's annotation is readable with the RBAC.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(f.client.clone(), &f.ns);
+    let gsa = "photo-app@rbac-project.iam.gserviceaccount.com";
+    accounts
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {
+                "name": "photo-app",
+                "annotations": {bucketmap::iam::GSA_ANNOTATION: gsa},
+            }}))?,
+        )
         .await?;
+    let access = serde_json::json!([{"serviceAccount": "photo-app", "role": "objectUser"}]);
+    f.create(
+        "photos",
+        serde_json::json!({"bucketName": "photos", "access": access}),
+    )
+    .await?;
     let g = f.wait_ready("photos").await?;
     assert!(f.gcs.bucket(&physical(&g)).is_some());
+    let granted = f
+        .wait_for("photos", Duration::from_secs(30), "access granted", |g| {
+            g.status.as_ref().is_some_and(|s| s.access.len() == 1)
+        })
+        .await?;
+    let policy = f.gcs.iam_policy(&physical(&granted)).unwrap_or_default();
+    let member = format!("serviceAccount:{gsa}");
+    assert!(
+        bucketmap_testkit::mock_gcs::has_member(&policy, "roles/storage.objectUser", &member),
+        "{policy:?}"
+    );
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
     let map = cms.get("bucketmap").await?.data.unwrap_or_default();
     assert_eq!(map.get("photos"), Some(&physical(&g)));

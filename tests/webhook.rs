@@ -389,6 +389,12 @@ fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
         }))?)
     };
     let injected = inject(&labelled(bare)?, &cfg).context("the bare pod is injected")?;
+    // The pod runs as the ServiceAccount its bucket grants access to.
+    let account = injected
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone());
+    assert_eq!(account.as_deref(), Some("photo-app"));
     assert_eq!(
         serde_json::to_value(injected.spec)?,
         serde_json::to_value(labelled(documented_spec)?.spec)?,

@@ -15,6 +15,7 @@ use kube::discovery::pinned_kind;
 use kube::{CustomResourceExt, ResourceExt};
 use serde::Deserialize as _;
 
+use bucketmap::conditions::ACCESS;
 use bucketmap::controller::{self, OperatorConfig};
 use bucketmap::crd::Gcs;
 use bucketmap::gcs::{GcsClient, GcsConfig};
@@ -115,7 +116,21 @@ pub async fn apply_manifests(
     Ok(applied)
 }
 
-/// Waits until every `Gcs` in `objects` is Ready, returning them.
+/// Whether `g` is Ready and, when it declares `spec.access`, has every grant
+/// in place (its ServiceAccounts may be applied after it).
+fn settled(g: &Gcs) -> bool {
+    let granted = || {
+        g.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == ACCESS && c.status == "True")
+        })
+    };
+    g.is_ready() && (g.spec.access.is_empty() || granted())
+}
+
+/// Waits until every `Gcs` in `objects` is Ready (with its access granted,
+/// if it declares any), returning them.
 pub async fn wait_all_ready(
     client: &kube::Client,
     objects: &[(String, String)],
@@ -124,7 +139,7 @@ pub async fn wait_all_ready(
     let mut out = Vec::new();
     for (ns, name) in objects {
         let api: Api<Gcs> = Api::namespaced(client.clone(), ns);
-        let ready = |g: Option<&Gcs>| g.is_some_and(Gcs::is_ready);
+        let ready = |g: Option<&Gcs>| g.is_some_and(settled);
         let gcs = tokio::time::timeout(
             timeout,
             kube::runtime::wait::await_condition(api, name, ready),
@@ -238,11 +253,12 @@ async fn start_gcs(
 }
 
 /// The kinds of `examples/` applied: everything on the local control plane
-/// (nothing runs workloads there); on an existing cluster only namespaces and
-/// `Gcs` resources, since the example workloads' image is not built here.
+/// (nothing runs workloads there); on an existing cluster only namespaces,
+/// the ServiceAccounts the buckets grant access to and `Gcs` resources,
+/// since the example workloads' image is not built here.
 fn applied_kinds(args: &DevArgs) -> impl Fn(&str) -> bool + use<> {
     let existing = args.existing_cluster;
-    move |kind: &str| !existing || kind == "Namespace" || kind == "Gcs"
+    move |kind: &str| !existing || matches!(kind, "Namespace" | "ServiceAccount" | "Gcs")
 }
 
 /// The (namespace, name) of every `Gcs` among `applied`.
@@ -297,6 +313,13 @@ fn print_summary(cluster: &Cluster, gcs: &str, ready: &[Gcs]) {
             st.bucket_full_name.unwrap_or_default(),
             st.project_id.unwrap_or_default()
         );
+        for a in &st.access {
+            let who = a
+                .service_account
+                .as_deref()
+                .map_or_else(String::new, |sa| format!(" (ServiceAccount {sa})"));
+            println!("      access: {} {}{who}", a.role, a.member);
+        }
     }
     println!("  try: {} get gcs -A", cluster.kubectl);
 }

@@ -65,6 +65,11 @@ async fn existing_cluster_gets_the_crd_and_ready_examples_but_no_workloads() -> 
         stdout.contains(&format!("staging/photos: photos -> {physical}")),
         "{stdout}"
     );
+    // The example ServiceAccount has access, shown from status.access.
+    assert!(
+        stdout.contains("access: roles/storage.objectUser serviceAccount:photo-app@acme-staging.iam.gserviceaccount.com (ServiceAccount photo-app)"),
+        "{stdout}"
+    );
 
     // The example Deployment's image is not built here: it is not applied.
     let deployments: Api<Deployment> = Api::all(client.clone());

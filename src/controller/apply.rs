@@ -1,6 +1,6 @@
 //! Creating and keeping a bucket as declared, in phases:
 //! validate → resolve project → ensure bucket → correct drift → publish →
-//! mark Ready. A phase either hands its result to the next one or ends the
+//! mark Ready → grant access (module `access`). A phase either hands its result to the next one or ends the
 //! reconcile with the [`Action`] it chose (having said why in the status).
 
 use std::ops::ControlFlow;
@@ -62,7 +62,9 @@ pub(super) async fn apply(
     let bucket = phase!(ensure_bucket_phase(ctx, status, &request).await?);
     correct_drift(ctx, &request, &bucket).await?;
     phase!(publish(ctx, status, slot, &request, &bucket.bucket_id).await?);
-    mark_ready(status, &bucket.bucket_id, &project).await?;
+    mark_ready(status, &bucket.bucket_id, &project);
+    super::access::grant_access(&obj, ctx, status, &bucket.bucket_id).await?;
+    status.flush().await?;
     Ok(resync(ctx))
 }
 
@@ -427,14 +429,13 @@ async fn publish(
     Ok(ControlFlow::Break(resync(ctx)))
 }
 
-/// Phase 6: `Ready`.
-async fn mark_ready(status: &mut StatusWriter<'_>, physical: &str, project: &str) -> Result<()> {
+/// Phase 6: `Ready` (written with the access phase's status).
+fn mark_ready(status: &mut StatusWriter<'_>, physical: &str, project: &str) {
     status.ready(
         true,
         reason::BUCKET_READY,
         format!("Bucket {physical} is ready in project {project}"),
     );
-    status.flush().await
 }
 
 #[cfg(test)]

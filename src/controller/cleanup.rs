@@ -1,4 +1,5 @@
-//! Deleting a bucket when its resource goes: unpublish first, then delete
+//! Deleting a bucket when its resource goes: unpublish first, revoke the
+//! operator's IAM grants (whatever the `deletionPolicy`), then delete
 //! per `deletionPolicy`, never a bucket that is not ours, never data the
 //! user did not ask to delete.
 
@@ -33,8 +34,12 @@ pub(super) async fn cleanup(
     let Some(physical) = recorded.bucket_full_name else {
         return Ok(Action::await_change());
     };
+    // The namespace no longer declares access, whether the bucket stays or not.
+    super::access::revoke_all(&obj, ctx, status, &physical).await?;
     if obj.spec.deletion_policy == DeletionPolicy::Orphan {
-        let note = format!("deletionPolicy is Orphan: bucket {physical} is kept");
+        let note = format!(
+            "deletionPolicy is Orphan: bucket {physical} is kept, without the grants of spec.access"
+        );
         ctx.event(&obj, EventType::Normal, "Orphaned", "DeleteBucket", note)
             .await;
         return Ok(Action::await_change());

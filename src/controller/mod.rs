@@ -3,11 +3,13 @@
 //! [`run`] builds the watches and drives the controller (module `watches`).
 //! [`reconcile`] wraps [`kube::runtime::finalizer()`]: the finalizer is added
 //! before any GCS call; `apply` creates and keeps the bucket as declared, in
-//! short named phases (module `apply`); `cleanup` deletes it safely (module
-//! `cleanup`). Status is computed, compared with what the object already
+//! short named phases (module `apply`), and grants `spec.access` on it
+//! (module `access`); `cleanup` revokes the grants and deletes the bucket
+//! safely (module `cleanup`). Status is computed, compared with what the object already
 //! shows, and written (server-side apply on the status subresource) only
 //! when it changed (module `status`). [`error_policy`] backs off per object.
 
+mod access;
 mod apply;
 mod cleanup;
 mod status;
@@ -18,7 +20,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
@@ -31,6 +33,7 @@ use tracing::{instrument, warn};
 use crate::bucket_map::{self, BucketMaps};
 use crate::crd::{FINALIZER, Gcs};
 use crate::gcs::{GcsClient, Pacer};
+use crate::iam::WorkloadIdentity;
 use crate::metrics::Metrics;
 use crate::slots::Slots;
 use crate::{Error, Result};
@@ -63,6 +66,10 @@ pub struct OperatorConfig {
     pub map_max_bytes: usize,
     /// Pause between the first claim of a burst and the map write.
     pub map_debounce: Duration,
+    /// The cluster's Workload Identity Federation pool: ServiceAccounts
+    /// without the `iam.gke.io/gcp-service-account` annotation are granted
+    /// as its principals. Without it they need the annotation.
+    pub workload_identity: Option<WorkloadIdentity>,
 }
 
 impl Default for OperatorConfig {
@@ -77,6 +84,7 @@ impl Default for OperatorConfig {
             map_name: "bucketmap".to_owned(),
             map_max_bytes: bucket_map::DEFAULT_MAX_MAP_BYTES,
             map_debounce: bucket_map::DEFAULT_DEBOUNCE,
+            workload_identity: None,
         }
     }
 }
@@ -97,7 +105,10 @@ pub struct Context {
     namespaces: Store<PartialObjectMeta<Namespace>>,
     maps: Arc<BucketMaps>,
     secrets: Store<Secret>,
-    /// The namespace cache holds every namespace: projects can be resolved.
+    /// The ServiceAccounts' metadata (their Workload Identity annotation).
+    service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    /// The namespace and ServiceAccount caches hold everything: projects
+    /// and identities can be resolved.
     namespaces_synced: Arc<AtomicBool>,
     failures: FailureCounts,
     /// Reconciles doing work at once (waiting for a map write does not count).

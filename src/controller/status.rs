@@ -1,7 +1,7 @@
 //! The status a reconcile builds, written once (and only when changed), and
 //! how a failed reconcile shows in it.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -43,6 +43,27 @@ impl<'a> StatusWriter<'a> {
             generation,
         );
         self.status.observed_generation = generation;
+    }
+
+    /// Sets condition `type_` (other than `Ready`), or removes it (`None`).
+    pub(super) fn condition(&mut self, type_: &str, value: Option<(bool, &str, String)>) {
+        let generation = self.obj.metadata.generation;
+        match value {
+            Some((status, reason, message)) => conditions::set(
+                &mut self.status.conditions,
+                type_,
+                status,
+                reason,
+                message,
+                generation,
+            ),
+            None => self.status.conditions.retain(|c| c.type_ != type_),
+        }
+    }
+
+    /// The current condition `type_`, if any.
+    pub(super) fn current(&self, type_: &str) -> Option<&Condition> {
+        self.status.conditions.iter().find(|c| c.type_ == type_)
     }
 
     /// Records the candidate name the bucket is (to be) created under.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -27,6 +27,7 @@ use crate::publish;
 use crate::slots::Slots;
 
 type NamespaceMeta = PartialObjectMeta<Namespace>;
+type ServiceAccountMeta = PartialObjectMeta<ServiceAccount>;
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
@@ -40,6 +41,7 @@ pub async fn run(
     let (namespaces, ns_stream) = watch_namespaces(&client, &config);
     let (resources, gcs_stream) = watch_resources(&client, &config);
     let (configmaps, secrets, cache_tasks) = watch_published(&client, &config);
+    let (service_accounts, sa_stream) = watch_service_accounts(&client, &config);
     let (wake, woken) = mpsc::unbounded_channel();
     let settings = MapSettings {
         map_name: config.map_name.clone(),
@@ -59,6 +61,7 @@ pub async fn run(
         events: crate::events::Events::new(client.clone(), reporter()),
         pacer: Pacer::new(config.bucket_ops_interval),
         namespaces: namespaces.clone(),
+        service_accounts: service_accounts.clone(),
         namespaces_synced: Arc::default(),
         failures: FailureCounts::default(),
         slots: Slots::new(concurrency),
@@ -70,8 +73,14 @@ pub async fn run(
         secrets,
     });
     let controller = controller(gcs_stream, resources.clone(), concurrency, woken, ns_stream);
+    let controller = with_service_accounts(controller, sa_stream);
     let synced = ctx.namespaces_synced.clone();
-    let readiness = tokio::spawn(signal_ready(resources, namespaces, synced, on_ready));
+    let caches = Caches {
+        resources,
+        namespaces,
+        service_accounts,
+    };
+    let readiness = tokio::spawn(signal_ready(caches, synced, on_ready));
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -179,19 +188,25 @@ fn controller(
     })
 }
 
-/// Sets `synced` and calls `on_ready` once both caches hold everything.
-async fn signal_ready(
+/// The caches a reconcile reads.
+struct Caches {
     resources: Store<Gcs>,
     namespaces: Store<NamespaceMeta>,
-    synced: Arc<AtomicBool>,
-    on_ready: impl FnOnce(),
-) {
+    service_accounts: Store<ServiceAccountMeta>,
+}
+
+/// Sets `synced` and calls `on_ready` once the caches hold everything.
+async fn signal_ready(caches: Caches, synced: Arc<AtomicBool>, on_ready: impl FnOnce()) {
     // Re-poll with a timeout: a store's readiness future only wakes its
     // latest poller, and the controller waits on the same store.
     loop {
         let wait = async {
-            let (a, b) = tokio::join!(resources.wait_until_ready(), namespaces.wait_until_ready());
-            a.is_ok() && b.is_ok()
+            let (a, b, c) = tokio::join!(
+                caches.resources.wait_until_ready(),
+                caches.namespaces.wait_until_ready(),
+                caches.service_accounts.wait_until_ready()
+            );
+            a.is_ok() && b.is_ok() && c.is_ok()
         };
         match tokio::time::timeout(Duration::from_millis(200), wait).await {
             Ok(true) => break,
@@ -205,6 +220,54 @@ async fn signal_ready(
     synced.store(true, Ordering::Release);
     info!("caches synced");
     on_ready();
+}
+
+/// The ServiceAccounts' metadata (their Workload Identity annotation),
+/// cached; the stream yields every one created, changed or deleted.
+fn watch_service_accounts(
+    client: &kube::Client,
+    config: &OperatorConfig,
+) -> (
+    Store<ServiceAccountMeta>,
+    impl Stream<Item = Result<ServiceAccountMeta, watcher::Error>> + Send + 'static,
+) {
+    let api: Api<ServiceAccountMeta> = match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|sa: &mut ServiceAccountMeta| {
+            sa.managed_fields_mut().clear();
+        })
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
+/// Also reconciles the resources that grant access to a ServiceAccount
+/// that appeared, changed (its annotation names the member) or went.
+fn with_service_accounts(
+    controller: Controller<Gcs>,
+    service_accounts: impl Stream<Item = Result<ServiceAccountMeta, watcher::Error>> + Send + 'static,
+) -> Controller<Gcs> {
+    let store = controller.store();
+    controller.watches_stream(service_accounts, move |sa| {
+        let (ns, name) = (sa.namespace(), sa.name_any());
+        store
+            .state()
+            .into_iter()
+            .filter(|g| g.namespace() == ns)
+            .filter(|g| {
+                g.spec
+                    .access
+                    .iter()
+                    .any(|a| a.service_account.as_deref() == Some(name.as_str()))
+            })
+            .map(|g| ObjectRef::from_obj(&*g))
+            .collect::<Vec<_>>()
+    })
 }
 
 /// Caches of the bucket maps and binding Secrets, kept by background

@@ -209,6 +209,29 @@ pub fn sidecar_container(cfg: &InjectionConfig) -> Container {
     }
 }
 
+/// A warning for an injected pod that runs as its namespace's `default`
+/// ServiceAccount: the sidecar forwards with the pod's credentials, and
+/// `spec.access` grants a bucket to named ServiceAccounts.
+pub fn default_account_warning(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref();
+    let account = spec
+        .and_then(|s| {
+            s.service_account_name
+                .as_deref()
+                .or(s.service_account.as_deref())
+        })
+        .filter(|a| !a.is_empty());
+    if account.is_some_and(|a| a != "default") {
+        return None;
+    }
+    Some(
+        "bucketmap: this pod runs as its namespace's default ServiceAccount; the \
+         sidecar uses the pod's identity, and a Gcs resource grants its bucket to \
+         named ServiceAccounts (spec.access): set serviceAccountName"
+            .to_owned(),
+    )
+}
+
 /// The pod with the sidecar injected, or `None` when nothing is to be done
 /// (not labelled, or already injected).
 pub fn inject(pod: &Pod, cfg: &InjectionConfig) -> Option<Pod> {
@@ -276,6 +299,25 @@ pub fn patch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_running_as_the_default_service_account_is_warned() {
+        let pod_as = |account: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "app"},
+                "spec": {"containers": [{"name": "app"}], "serviceAccountName": account},
+            }))
+            .expect("pod parses")
+        };
+        assert_eq!(default_account_warning(&pod_as("photo-app".into())), None);
+        for account in [serde_json::Value::Null, "default".into(), "".into()] {
+            let warning = default_account_warning(&pod_as(account.clone()));
+            assert!(
+                warning.is_some_and(|w| w.contains("serviceAccountName")),
+                "{account}"
+            );
+        }
+    }
 
     fn cfg() -> InjectionConfig {
         InjectionConfig {

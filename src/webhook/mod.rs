@@ -38,19 +38,23 @@ pub fn review(
                 .into_review();
         }
     };
-    let response = AdmissionResponse::from(&request);
+    let mut response = AdmissionResponse::from(&request);
     let pod = request
         .object
         .as_ref()
         .map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<Pod>));
-    let patch = match pod {
-        Some(Ok(pod)) => inject::patch(&pod, cfg),
-        Some(Err(e)) => Err(e),
-        None => Ok(None),
+    let (patch, warning) = match pod {
+        Some(Ok(pod)) => (
+            inject::patch(&pod, cfg),
+            inject::default_account_warning(&pod),
+        ),
+        Some(Err(e)) => (Err(e), None),
+        None => (Ok(None), None),
     };
     match patch {
         Ok(Some(patch)) => {
             info!(namespace = ?request.namespace, pod = %request.name, "injecting bucketmap-sidecar");
+            response.warnings = warning.map(|w| vec![w]);
             match response.clone().with_patch(patch) {
                 Ok(r) => r.into_review(),
                 Err(e) => {

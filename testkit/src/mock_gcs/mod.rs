@@ -5,7 +5,10 @@
 //! DeleteBucket, ListBuckets, ListObjects, DeleteObject, GetObject) over
 //! plaintext HTTP/2 on a local port, with GCS semantics: global bucket ids,
 //! metageneration preconditions, field-mask updates, non-empty bucket
-//! protection, object versioning. Other methods answer UNIMPLEMENTED.
+//! protection, object versioning. It also serves the IAM policy of buckets
+//! (`google.storage.control.v2.StorageControl` GetIamPolicy and
+//! SetIamPolicy: etags, version 3 conditional bindings). Other methods
+//! answer UNIMPLEMENTED.
 //!
 //! Point the official client at it with
 //! `StorageControl::builder().with_endpoint(mock.endpoint())` and anonymous
@@ -18,6 +21,7 @@
 
 mod buckets;
 mod faults;
+mod iam;
 mod objects;
 pub(crate) mod service;
 mod state;
@@ -35,6 +39,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 pub use faults::{Call, Fault};
 pub use googleapis_tonic_google_storage_v2::google::storage::v2 as proto;
+pub use iam::{has_member, iam_proto};
 
 use service::{MockService, StorageServer};
 use state::State;
@@ -73,9 +78,12 @@ impl MockGcs {
             .with_context(|| format!("cannot read the address the mock GCS bound for {addr}"))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let service = StorageServer::new(MockService::new(handle.state.clone()));
+        let control =
+            iam::StorageControlServer::new(iam::ControlService::new(handle.state.clone()));
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)
+                .add_service(control)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     // A dropped sender also means stop.
                     let _ = stopped.await;

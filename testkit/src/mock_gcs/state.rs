@@ -37,6 +37,8 @@ pub(crate) struct State {
     /// timestamps, strictly increasing, like in GCS).
     last_generation: i64,
     pub(crate) controls: Controls,
+    /// Buckets' IAM policies (`iam.rs`).
+    pub(crate) iam: super::iam::Policies,
 }
 
 impl State {
