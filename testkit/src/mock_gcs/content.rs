@@ -44,26 +44,37 @@ impl Content {
         &self.chunks
     }
 
-    /// The bytes `[start, end)` as pieces of at most `max` bytes each, with
-    /// the offset of each piece; shares the stored chunks.
-    pub(crate) fn pieces(&self, start: u64, end: u64, max: usize) -> Vec<(u64, Bytes)> {
+    /// The bytes `[start, end)` as pieces of `max` bytes (the last one
+    /// shorter), each with its offset and the slices of the stored chunks
+    /// it spans (shared, not copied).
+    pub(crate) fn pieces(&self, start: u64, end: u64, max: usize) -> Vec<(u64, Vec<Bytes>)> {
         let mut pieces = Vec::new();
+        let mut chunks = self.chunks.iter();
+        let mut current: Option<(u64, &Bytes)> = None;
         let mut chunk_start = 0u64;
-        for chunk in &self.chunks {
-            let chunk_end = chunk_start + chunk.len() as u64;
-            let from = start.max(chunk_start);
-            let to = end.min(chunk_end);
-            let mut at = from;
-            while at < to {
-                let piece_end = to.min(at + max as u64);
-                let range = offset_in(at - chunk_start)..offset_in(piece_end - chunk_start);
-                pieces.push((at, chunk.slice(range)));
-                at = piece_end;
+        let mut at = start;
+        while at < end {
+            let piece_start = at;
+            let piece_end = end.min(at + max as u64);
+            let mut slices = Vec::new();
+            while at < piece_end {
+                let (from, chunk) = match current {
+                    Some((from, chunk)) if at < from + chunk.len() as u64 => (from, chunk),
+                    _ => {
+                        let Some(chunk) = chunks.next() else {
+                            return pieces;
+                        };
+                        let from = chunk_start;
+                        chunk_start += chunk.len() as u64;
+                        current = Some((from, chunk));
+                        continue;
+                    }
+                };
+                let to = piece_end.min(from + chunk.len() as u64);
+                slices.push(chunk.slice(offset_in(at - from)..offset_in(to - from)));
+                at = to;
             }
-            chunk_start = chunk_end;
-            if chunk_start >= end {
-                break;
-            }
+            pieces.push((piece_start, slices));
         }
         pieces
     }

@@ -36,6 +36,8 @@ mod state;
 mod streams;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_grpc;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

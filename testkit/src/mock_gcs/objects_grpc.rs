@@ -309,8 +309,7 @@ impl State {
             .destination
             .ok_or_else(|| Status::invalid_argument("ComposeObject needs a destination"))?;
         let bucket = parse_bucket_name(&destination.bucket)?.to_string();
-        if request.source_objects.is_empty() || request.source_objects.len() > MAX_COMPOSE_SOURCES
-        {
+        if request.source_objects.is_empty() || request.source_objects.len() > MAX_COMPOSE_SOURCES {
             return Err(Status::invalid_argument(format!(
                 "ComposeObject takes 1 to {MAX_COMPOSE_SOURCES} source objects, got {}",
                 request.source_objects.len()
@@ -319,7 +318,9 @@ impl State {
         let mut chunks = Vec::new();
         let (mut crc, mut components) = (0u32, 0i32);
         for source in &request.source_objects {
-            let precondition = source.object_preconditions.and_then(|p| p.if_generation_match);
+            let precondition = source
+                .object_preconditions
+                .and_then(|p| p.if_generation_match);
             let read = self.read_source(
                 &destination.bucket,
                 &source.name,
@@ -348,7 +349,10 @@ impl State {
             if_metageneration_match: request.if_metageneration_match,
             ..Preconditions::default()
         }
-        .check_write(&destination.name, self.live_object(&bucket, &destination.name))?;
+        .check_write(
+            &destination.name,
+            self.live_object(&bucket, &destination.name),
+        )?;
         let mut template = destination;
         template.component_count = components;
         template.checksums = Some(checksums);

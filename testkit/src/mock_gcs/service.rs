@@ -11,8 +11,8 @@ use tonic::{Request, Response, Status};
 use super::context::{CallContext, CancelGuard};
 use super::lock;
 use super::proto;
-use super::streams;
 use super::state::{State, Target, lenient_bucket_id, lenient_project};
+use super::streams;
 
 /// `google.protobuf.Empty`, the response of the delete methods.
 pub type Empty = ();

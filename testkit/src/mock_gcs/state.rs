@@ -10,8 +10,8 @@ use tonic::{Code, Status};
 
 use super::content::Content;
 use super::context::CallContext;
-use super::objects_grpc::Upload;
 use super::faults::{Call, Controls};
+use super::objects_grpc::Upload;
 use super::proto;
 
 /// Resource name prefix of every bucket: GCS bucket ids are global, so the
@@ -182,13 +182,12 @@ impl State {
             checksums: Some(content.checksums()),
             ..Default::default()
         };
-        self.store_object(id, template, content)
-            .map_err(|status| {
-                anyhow::anyhow!(
-                    "cannot put object {name} in bucket {id}: {}",
-                    status.message()
-                )
-            })
+        self.store_object(id, template, content).map_err(|status| {
+            anyhow::anyhow!(
+                "cannot put object {name} in bucket {id}: {}",
+                status.message()
+            )
+        })
     }
 
     /// Stores `content` as the new live generation of object

@@ -84,10 +84,20 @@ impl StreamCall {
             .sync_scope(|| lock(&state).log_call(target, code, cancelled));
     }
 
-    /// Logs the call as failed with `status` (cancelled if the client
-    /// reset the stream) and passes the status on.
+    /// Logs the call as failed with `status` and passes the status on.
     pub(crate) fn fail(&mut self, status: Status) -> Status {
-        self.finish(status.code(), status.code() == Code::Cancelled);
+        self.finish(status.code(), false);
+        status
+    }
+
+    /// Logs the call as abandoned: the client's stream failed (reset,
+    /// connection lost) with `status`, which is passed on.
+    pub(crate) fn abandoned(&mut self, status: Status) -> Status {
+        let cancelled = matches!(
+            status.code(),
+            Code::Cancelled | Code::Unknown | Code::Unavailable
+        );
+        self.finish(status.code(), cancelled);
         status
     }
 
@@ -121,7 +131,7 @@ impl Drop for StreamCall {
 #[derive(Debug)]
 enum WriteFirst {
     UploadId(String),
-    Spec(proto::WriteObjectSpec),
+    Spec(Box<proto::WriteObjectSpec>),
 }
 
 /// One message of WriteObject or BidiWriteObject.
@@ -141,7 +151,7 @@ impl From<proto::WriteObjectRequest> for WriteMessage {
         Self {
             first: request.first_message.map(|first| match first {
                 FirstMessage::UploadId(id) => WriteFirst::UploadId(id),
-                FirstMessage::WriteObjectSpec(spec) => WriteFirst::Spec(spec),
+                FirstMessage::WriteObjectSpec(spec) => WriteFirst::Spec(Box::new(spec)),
             }),
             offset: request.write_offset,
             data: request.data.map(|Data::ChecksummedData(data)| data),
@@ -160,7 +170,7 @@ impl TryFrom<proto::BidiWriteObjectRequest> for WriteMessage {
         let first = match request.first_message {
             None => None,
             Some(FirstMessage::UploadId(id)) => Some(WriteFirst::UploadId(id)),
-            Some(FirstMessage::WriteObjectSpec(spec)) => Some(WriteFirst::Spec(spec)),
+            Some(FirstMessage::WriteObjectSpec(spec)) => Some(WriteFirst::Spec(Box::new(spec))),
             Some(FirstMessage::AppendObjectSpec(_)) => {
                 return Err(Status::unimplemented(
                     "appendable objects are not supported by the mock GCS",
@@ -186,7 +196,7 @@ pub(crate) enum WriteStep {
     /// The client asked for the persisted size.
     Persisted(i64),
     /// The object is written.
-    Finished(proto::Object),
+    Finished(Box<proto::Object>),
 }
 
 /// One write stream over an upload session.
@@ -219,7 +229,7 @@ impl WriteStream {
             (None, Some(WriteFirst::Spec(spec))) => {
                 let bucket = spec.resource.as_ref().map(|r| r.bucket.clone());
                 self.call.set_bucket(&bucket.unwrap_or_default());
-                let id = lock(&self.call.state).start_upload(spec, None, false)?;
+                let id = lock(&self.call.state).start_upload(*spec, None, false)?;
                 self.upload = Some(id.clone());
                 Ok(id)
             }
@@ -238,14 +248,13 @@ impl WriteStream {
     /// Applies one message: opens the upload, appends the data, finalizes.
     fn apply(&mut self, message: WriteMessage) -> Result<WriteStep, Status> {
         let id = self.open(message.first)?;
-        let persisted =
-            lock(&self.call.state).append_upload(&id, message.offset, message.data)?;
+        let persisted = lock(&self.call.state).append_upload(&id, message.offset, message.data)?;
         if message.finish {
             let checksums = message.checksums;
             let object = self
                 .call
                 .guarded(|state| state.finish_upload(&id, checksums.as_ref()))?;
-            return Ok(WriteStep::Finished(object));
+            return Ok(WriteStep::Finished(Box::new(object)));
         }
         if message.state_lookup {
             return Ok(WriteStep::Persisted(persisted));
@@ -259,11 +268,12 @@ impl WriteStream {
         match &self.upload {
             Some(id) if self.resumable => {
                 let state = lock(&self.call.state);
-                match state.query_write_status(&proto::QueryWriteStatusRequest {
-                    upload_id: id.clone(),
-                    common_object_request_params: None,
-                })?
-                .write_status
+                match state
+                    .query_write_status(&proto::QueryWriteStatusRequest {
+                        upload_id: id.clone(),
+                        common_object_request_params: None,
+                    })?
+                    .write_status
                 {
                     Some(proto::query_write_status_response::WriteStatus::PersistedSize(size)) => {
                         Ok(size)
@@ -297,15 +307,22 @@ pub(crate) async fn write_object(
     loop {
         let request = match requests.message().await {
             Ok(Some(request)) => request,
-            Ok(None) => break,
-            Err(status) => return Err(stream.call.fail(status)),
+            Ok(None) => {
+                // hyper ends a request body reset with CANCEL as if the
+                // client had half-closed it; yielding once lets hyper see
+                // the reset and drop this call (logged as cancelled by
+                // `StreamCall`) before it is answered as unfinished.
+                tokio::task::yield_now().await;
+                break;
+            }
+            Err(status) => return Err(stream.call.abandoned(status)),
         };
         match stream.apply(request.into()) {
             Err(status) => return Err(stream.call.fail(status)),
             Ok(WriteStep::Finished(object)) => {
                 stream.call.finish(Code::Ok, false);
                 return Ok(proto::WriteObjectResponse {
-                    write_status: Some(WriteStatus::Resource(object)),
+                    write_status: Some(WriteStatus::Resource(*object)),
                 });
             }
             Ok(_) => {}
@@ -344,14 +361,21 @@ async fn bidi_write(
     let status = loop {
         let request = match requests.message().await {
             Ok(Some(request)) => request,
+            Ok(None) if client_gone(&tx).await => {
+                stream.call.finish(Code::Cancelled, true);
+                return;
+            }
             Ok(None) => break stream.unfinished().map(WriteStatus::PersistedSize),
-            Err(status) => break Err(status),
+            Err(status) => {
+                stream.call.abandoned(status);
+                return;
+            }
         };
         let step = WriteMessage::try_from(request).and_then(|m| stream.apply(m));
         let status = match step {
             Ok(WriteStep::Continue) => continue,
             Ok(WriteStep::Persisted(size)) => WriteStatus::PersistedSize(size),
-            Ok(WriteStep::Finished(object)) => break Ok(WriteStatus::Resource(object)),
+            Ok(WriteStep::Finished(object)) => break Ok(WriteStatus::Resource(*object)),
             Err(status) => break Err(status),
         };
         let response = proto::BidiWriteObjectResponse {
@@ -378,15 +402,23 @@ async fn bidi_write(
     }
 }
 
+/// Whether the client reset the call rather than half-closing it: hyper
+/// ends a request body reset with CANCEL as a half-close, then drops the
+/// response body, which closes `tx`; yielding once lets it do so.
+async fn client_gone<T>(tx: &mpsc::Sender<T>) -> bool {
+    tokio::task::yield_now().await;
+    tx.is_closed()
+}
+
 /// StartResumableWrite: a session later WriteObject / BidiWriteObject
 /// streams write by upload id.
 pub(crate) fn start_resumable_write(
     state: &mut State,
     request: proto::StartResumableWriteRequest,
 ) -> Result<proto::StartResumableWriteResponse, Status> {
-    let spec = request.write_object_spec.ok_or_else(|| {
-        Status::invalid_argument("StartResumableWrite needs a write_object_spec")
-    })?;
+    let spec = request
+        .write_object_spec
+        .ok_or_else(|| Status::invalid_argument("StartResumableWrite needs a write_object_spec"))?;
     let upload_id = state.start_upload(spec, request.object_checksums, true)?;
     Ok(proto::StartResumableWriteResponse { upload_id })
 }
@@ -473,11 +505,12 @@ async fn serve_read(
     }
 }
 
-/// A data chunk with its CRC32C.
-fn checksummed(piece: &[u8]) -> proto::ChecksummedData {
+/// A piece of data, copied into the message, with its CRC32C.
+fn checksummed(piece: &[bytes::Bytes]) -> proto::ChecksummedData {
+    let content = piece.concat();
     proto::ChecksummedData {
-        content: piece.to_vec(),
-        crc32c: Some(crc32c::crc32c(piece)),
+        crc32c: Some(crc32c::crc32c(&content)),
+        content,
     }
 }
 
@@ -498,7 +531,7 @@ pub(crate) async fn bidi_read_object(
                 "BidiReadObject needs a first message with read_object_spec",
             )));
         }
-        Err(status) => return Err(call.fail(status)),
+        Err(status) => return Err(call.abandoned(status)),
     };
     let spec = match first.read_object_spec {
         Some(spec) => spec,
@@ -568,9 +601,13 @@ async fn serve_bidi_read(
                 return;
             }
             Ok(Some(request)) => ranges = request.read_ranges,
+            Ok(None) if client_gone(&tx).await => {
+                call.finish(Code::Cancelled, true);
+                return;
+            }
             Ok(None) => break,
             Err(status) => {
-                call.fail(status);
+                call.abandoned(status);
                 return;
             }
         }
@@ -588,15 +625,17 @@ async fn serve_range(
     let (start, end) = source.range(range.read_offset, range.read_length)?;
     let mut pieces = source.content.pieces(start, end, MAX_READ_CHUNK);
     if pieces.is_empty() {
-        pieces.push((start, bytes::Bytes::new()));
+        pieces.push((start, Vec::new()));
     }
     let count = pieces.len();
     for (index, (offset, piece)) in pieces.into_iter().enumerate() {
+        let data = checksummed(&piece);
+        let len = size_i64(data.content.len() as u64);
         let data = proto::ObjectRangeData {
-            checksummed_data: Some(checksummed(&piece)),
+            checksummed_data: Some(data),
             read_range: Some(proto::ReadRange {
                 read_offset: size_i64(offset),
-                read_length: size_i64(piece.len() as u64),
+                read_length: len,
                 read_id: range.read_id,
             }),
             range_end: index + 1 == count,
