@@ -195,9 +195,9 @@ impl State {
         Ok(size_i64(upload.content.len()))
     }
 
-    /// Finalizes upload `id`: checks the checksums (`checksums`, else the
-    /// ones sent at the start), the declared size and the preconditions,
-    /// then stores the object.
+    /// Finalizes upload `id`: checks the checksums (`checksums`, completed
+    /// by the ones sent at the start), the declared size and the
+    /// preconditions, then stores the object.
     pub(crate) fn finish_upload(
         &mut self,
         id: &str,
@@ -207,11 +207,8 @@ impl State {
         let actual = upload.hasher.checksums();
         let name = upload.spec.resource.as_ref().map(|r| r.name.clone());
         let name = name.unwrap_or_default();
-        check_checksums(
-            &format!("object {name}"),
-            checksums.or(upload.checksums.as_ref()),
-            &actual,
-        )?;
+        let expected = merged(checksums, upload.checksums.as_ref());
+        check_checksums(&format!("object {name}"), expected.as_ref(), &actual)?;
         let size = size_i64(upload.content.len());
         if let Some(expected) = upload.spec.object_size
             && expected != size
@@ -419,6 +416,25 @@ fn copied_metadata(source: &proto::Object) -> proto::Object {
         cache_control: source.cache_control.clone(),
         metadata: source.metadata.clone(),
         ..Default::default()
+    }
+}
+
+/// The checksums sent last, completed by those sent earlier.
+fn merged(
+    later: Option<&proto::ObjectChecksums>,
+    earlier: Option<&proto::ObjectChecksums>,
+) -> Option<proto::ObjectChecksums> {
+    match (later, earlier) {
+        (None, earlier) => earlier.cloned(),
+        (Some(later), None) => Some(later.clone()),
+        (Some(later), Some(earlier)) => Some(proto::ObjectChecksums {
+            crc32c: later.crc32c.or(earlier.crc32c),
+            md5_hash: if later.md5_hash.is_empty() {
+                earlier.md5_hash.clone()
+            } else {
+                later.md5_hash.clone()
+            },
+        }),
     }
 }
 

@@ -216,8 +216,13 @@ impl WriteStream {
         }
     }
 
-    /// The upload this stream writes, opened by the first message.
-    fn open(&mut self, first: Option<WriteFirst>) -> Result<String, Status> {
+    /// The upload this stream writes, opened by the first message (with the
+    /// object checksums it carries, checked when the write finishes).
+    fn open(
+        &mut self,
+        first: Option<WriteFirst>,
+        checksums: Option<&proto::ObjectChecksums>,
+    ) -> Result<String, Status> {
         match (&self.upload, first) {
             (Some(id), None) => Ok(id.clone()),
             (Some(_), Some(_)) => Err(Status::invalid_argument(
@@ -229,7 +234,7 @@ impl WriteStream {
             (None, Some(WriteFirst::Spec(spec))) => {
                 let bucket = spec.resource.as_ref().map(|r| r.bucket.clone());
                 self.call.set_bucket(&bucket.unwrap_or_default());
-                let id = lock(&self.call.state).start_upload(*spec, None, false)?;
+                let id = lock(&self.call.state).start_upload(*spec, checksums.cloned(), false)?;
                 self.upload = Some(id.clone());
                 Ok(id)
             }
@@ -247,7 +252,7 @@ impl WriteStream {
 
     /// Applies one message: opens the upload, appends the data, finalizes.
     fn apply(&mut self, message: WriteMessage) -> Result<WriteStep, Status> {
-        let id = self.open(message.first)?;
+        let id = self.open(message.first, message.checksums.as_ref())?;
         let persisted = lock(&self.call.state).append_upload(&id, message.offset, message.data)?;
         if message.finish {
             let checksums = message.checksums;

@@ -313,6 +313,16 @@ async fn wrong_checksums_and_missing_targets_are_refused() -> anyhow::Result<()>
         Code::InvalidArgument
     );
 
+    // Wrong object checksums on the first message, finish_write later.
+    let mut messages = write_messages(spec_first(), 0, &bytes, MIB, Some(Default::default()));
+    let mut wrong = full_checksums(&bytes);
+    wrong.crc32c = wrong.crc32c.map(|c| c ^ 1);
+    messages[0].object_checksums = Some(wrong);
+    assert_eq!(
+        status_code(write(&mut client, messages).await),
+        Code::InvalidArgument
+    );
+
     // A one-shot stream that ends without finish_write.
     let messages = write_messages(spec_first(), 0, &bytes, MIB, None);
     assert_eq!(
