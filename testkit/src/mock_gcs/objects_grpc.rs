@@ -237,6 +237,11 @@ impl State {
         Ok(object)
     }
 
+    /// How many bytes upload `id` holds.
+    pub(crate) fn persisted_size(&self, id: &str) -> Result<i64, Status> {
+        Ok(size_i64(self.upload(id)?.content.len()))
+    }
+
     /// Forgets upload `id`.
     pub(crate) fn discard_upload(&mut self, id: &str) {
         self.uploads.remove(id);

@@ -271,21 +271,7 @@ impl WriteStream {
     /// its persisted size, a one-shot write is refused.
     fn unfinished(&self) -> Result<i64, Status> {
         match &self.upload {
-            Some(id) if self.resumable => {
-                let state = lock(&self.call.state);
-                match state
-                    .query_write_status(&proto::QueryWriteStatusRequest {
-                        upload_id: id.clone(),
-                        common_object_request_params: None,
-                    })?
-                    .write_status
-                {
-                    Some(proto::query_write_status_response::WriteStatus::PersistedSize(size)) => {
-                        Ok(size)
-                    }
-                    _ => Ok(0),
-                }
-            }
+            Some(id) if self.resumable => lock(&self.call.state).persisted_size(id),
             _ => Err(Status::invalid_argument(
                 "the write stream ended without finish_write",
             )),
