@@ -47,6 +47,75 @@ const METHODS: &[(&str, &str, &str, &str)] = &[
     ("get_object", "GetObject", "GetObjectRequest", "Object"),
 ];
 
+/// The object data methods, as (Rust method name, gRPC method name, request
+/// type, response type, client streaming, server streaming).
+const OBJECT_DATA_METHODS: &[(&str, &str, &str, &str, bool, bool)] = &[
+    (
+        "write_object",
+        "WriteObject",
+        "WriteObjectRequest",
+        "WriteObjectResponse",
+        true,
+        false,
+    ),
+    (
+        "bidi_write_object",
+        "BidiWriteObject",
+        "BidiWriteObjectRequest",
+        "BidiWriteObjectResponse",
+        true,
+        true,
+    ),
+    (
+        "start_resumable_write",
+        "StartResumableWrite",
+        "StartResumableWriteRequest",
+        "StartResumableWriteResponse",
+        false,
+        false,
+    ),
+    (
+        "query_write_status",
+        "QueryWriteStatus",
+        "QueryWriteStatusRequest",
+        "QueryWriteStatusResponse",
+        false,
+        false,
+    ),
+    (
+        "read_object",
+        "ReadObject",
+        "ReadObjectRequest",
+        "ReadObjectResponse",
+        false,
+        true,
+    ),
+    (
+        "bidi_read_object",
+        "BidiReadObject",
+        "BidiReadObjectRequest",
+        "BidiReadObjectResponse",
+        true,
+        true,
+    ),
+    (
+        "compose_object",
+        "ComposeObject",
+        "ComposeObjectRequest",
+        "Object",
+        false,
+        false,
+    ),
+    (
+        "rewrite_object",
+        "RewriteObject",
+        "RewriteObjectRequest",
+        "RewriteResponse",
+        false,
+        false,
+    ),
+];
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let service = METHODS.iter().fold(
@@ -68,6 +137,24 @@ fn main() {
                     .codec_path("tonic_prost::ProstCodec")
                     .build(),
             )
+        },
+    );
+    let service = OBJECT_DATA_METHODS.iter().fold(
+        service,
+        |service, (name, route, input, output, client_streaming, server_streaming)| {
+            let mut method = Method::builder()
+                .name(*name)
+                .route_name(*route)
+                .input_type(format!("crate::mock_gcs::proto::{input}"))
+                .output_type(format!("crate::mock_gcs::proto::{output}"))
+                .codec_path("tonic_prost::ProstCodec");
+            if *client_streaming {
+                method = method.client_streaming();
+            }
+            if *server_streaming {
+                method = method.server_streaming();
+            }
+            service.method(method.build())
         },
     );
     Builder::new()

@@ -150,7 +150,7 @@ build_rust() {
 install_rust() {
   command -v cargo >/dev/null 2>&1 || die "cargo is required"
   local dest
-  dest="$cache_root/rust-$(key "$clients_dir/rust/Cargo.toml" "$clients_dir/rust/Cargo.lock" "$clients_dir/rust/src/main.rs" "$(cargo --version)")"
+  dest="$cache_root/rust-$(key "$clients_dir/rust/Cargo.toml" "$clients_dir/rust/Cargo.lock" "$clients_dir"/rust/src/*.rs "$(cargo --version)")"
   install_one rust "$dest" check_rust build_rust
   printf 'rust=%s\n' "$dest/scenario"
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod checks;
+pub mod grpc_clients;
 pub mod http;
 pub mod mapping_dir;
 pub mod procs;

@@ -1,7 +1,7 @@
 //! What tests control around the RPCs: the call log, injected faults,
 //! artificial latency and the per-project bucket create/delete quota.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
@@ -18,8 +18,27 @@ pub struct Call {
     pub project: Option<String>,
     /// Plain bucket id the request targets, if any.
     pub bucket: Option<String>,
-    /// The final status code; [`Code::Ok`] for success.
+    /// The final status code; [`Code::Ok`] for success, [`Code::Cancelled`]
+    /// for a streaming call the client abandoned.
     pub code: Code,
+    /// Arrival number of the call, unique within the process (0 for calls
+    /// that did not arrive over the network).
+    pub id: u64,
+    /// The ASCII request metadata by lowercase name, e.g.
+    /// `x-goog-request-params`, `authorization`, `grpc-timeout`,
+    /// `user-agent` (HTTP/2 and gRPC framing headers left out; repeated
+    /// headers joined with `, `).
+    pub metadata: BTreeMap<String, String>,
+    /// Whether the client cancelled the call (reset the stream, or dropped
+    /// it before the answer) before the mock answered it completely.
+    pub cancelled: bool,
+}
+
+impl Call {
+    /// The metadata value `name` (lowercase) the call carried.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.metadata.get(name).map(String::as_str)
+    }
 }
 
 /// An error the mock returns instead of (or after) doing the real work.
@@ -135,9 +154,34 @@ pub(crate) struct Controls {
     /// When each project last created or deleted a bucket.
     last_bucket_mutation: HashMap<String, Instant>,
     pub(crate) quota_errors: usize,
+    /// Calls the client cancelled before they were logged, by arrival number.
+    cancelled_unlogged: HashSet<u64>,
 }
 
 impl Controls {
+    /// Appends `call` to the log, marked cancelled if its client already
+    /// gave up on it.
+    pub(crate) fn log(&mut self, mut call: Call) {
+        if call.id != 0 && self.cancelled_unlogged.remove(&call.id) {
+            call.cancelled = true;
+        }
+        self.calls.push(call);
+    }
+
+    /// Records that the client of call `id` gave up on it: marks its log
+    /// entry, or the entry it will get.
+    pub(crate) fn mark_cancelled(&mut self, id: u64) {
+        if id == 0 {
+            return;
+        }
+        match self.calls.iter_mut().rev().find(|c| c.id == id) {
+            Some(call) => call.cancelled = true,
+            None => {
+                self.cancelled_unlogged.insert(id);
+            }
+        }
+    }
+
     /// The first fault matching `target` in the given phase, used up once.
     pub(crate) fn take_fault(&mut self, target: &Target, after_write: bool) -> Option<Status> {
         let fault = self

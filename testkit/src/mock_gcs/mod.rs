@@ -1,14 +1,23 @@
 //! In-memory google.storage.v2 gRPC server used by tests, benchmarks and `cargo dev`.
 //!
-//! [`MockGcs`] serves the unary bucket and object-metadata methods of
+//! [`MockGcs`] serves the bucket and object methods of
 //! `google.storage.v2.Storage` (CreateBucket, GetBucket, UpdateBucket,
-//! DeleteBucket, ListBuckets, ListObjects, DeleteObject, GetObject) over
-//! plaintext HTTP/2 on a local port, with GCS semantics: global bucket ids,
-//! metageneration preconditions, field-mask updates, non-empty bucket
-//! protection, object versioning. It also serves the IAM policy of buckets
+//! DeleteBucket, ListBuckets, ListObjects, DeleteObject, GetObject, and the
+//! object data methods WriteObject, BidiWriteObject, StartResumableWrite,
+//! QueryWriteStatus, ReadObject, BidiReadObject, ComposeObject,
+//! RewriteObject with their real streaming shapes) over plaintext HTTP/2
+//! (h2c) on a local port, with GCS semantics: global bucket ids,
+//! metageneration and generation preconditions, field-mask updates,
+//! non-empty bucket protection, object versioning, CRC32C and MD5 checks of
+//! written data, reads in chunks of at most 2 MiB. Object data is kept as
+//! the chunks it arrived in. It also serves the IAM policy of buckets
 //! (`google.storage.control.v2.StorageControl` GetIamPolicy and
 //! SetIamPolicy: etags, version 3 conditional bindings). Other methods
 //! answer UNIMPLEMENTED.
+//!
+//! Every call is logged ([`MockHandle::calls`]) with its method, target,
+//! final code, request metadata (`x-goog-request-params`, `authorization`,
+//! `grpc-timeout`, ...) and whether the client cancelled it.
 //!
 //! Point the official client at it with
 //! `StorageControl::builder().with_endpoint(mock.endpoint())` and anonymous
@@ -20,19 +29,26 @@
 //! `projects/_/buckets/{id}` and a bucket's `project` is `projects/{project}`.
 
 mod buckets;
+mod content;
+mod context;
 mod faults;
 mod iam;
 mod objects;
+mod objects_grpc;
 pub(crate) mod service;
 mod state;
+mod streams;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_grpc;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bytes::Bytes;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -41,6 +57,7 @@ pub use faults::{Call, Fault};
 pub use googleapis_tonic_google_storage_v2::google::storage::v2 as proto;
 pub use iam::{has_member, iam_proto};
 
+use context::Recorded;
 use service::{MockService, StorageServer};
 use state::State;
 
@@ -77,7 +94,7 @@ impl MockGcs {
             .local_addr()
             .with_context(|| format!("cannot read the address the mock GCS bound for {addr}"))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = StorageServer::new(MockService::new(handle.state.clone()));
+        let service = Recorded(StorageServer::new(MockService::new(handle.state.clone())));
         let control =
             iam::StorageControlServer::new(iam::ControlService::new(handle.state.clone()));
         let server = tokio::spawn(
@@ -202,7 +219,7 @@ impl MockHandle {
     /// is empty). Returns the removed bucket.
     pub fn remove_bucket(&self, id: &str) -> Option<proto::Bucket> {
         let mut state = self.lock();
-        state.objects.remove(id);
+        state.drop_objects(id);
         state.buckets.remove(id)
     }
 
@@ -224,6 +241,36 @@ impl MockHandle {
         self.lock().put_object(bucket, name)
     }
 
+    /// Writes a new live generation of object `name` in bucket `bucket`
+    /// holding `data` (its size and checksums set), as
+    /// [`put_object`](Self::put_object) does.
+    pub fn put_object_data(
+        &self,
+        bucket: &str,
+        name: &str,
+        data: impl Into<Bytes>,
+    ) -> anyhow::Result<proto::Object> {
+        let content = content::Content::from_chunks([data.into()]);
+        self.lock().put_object_data(bucket, name, content)
+    }
+
+    /// The data of the live generation of object `name` in `bucket`, in one
+    /// buffer.
+    pub fn object_data(&self, bucket: &str, name: &str) -> Option<Bytes> {
+        let content = streams::live_content(&self.lock(), bucket, name)?;
+        Some(match content.chunks() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            chunks => Bytes::from(chunks.concat()),
+        })
+    }
+
+    /// How many write sessions are open (resumable uploads and write
+    /// streams in progress, finalized resumable uploads).
+    pub fn upload_count(&self) -> usize {
+        self.lock().uploads.len()
+    }
+
     /// All generations (live and noncurrent) of all objects in `bucket`, by
     /// name then generation; noncurrent ones have a `delete_time`.
     pub fn objects(&self, bucket: &str) -> Vec<proto::Object> {
@@ -232,7 +279,7 @@ impl MockHandle {
 
     /// Removes every object generation from `bucket`.
     pub fn clear_objects(&self, bucket: &str) {
-        self.lock().objects.remove(bucket);
+        self.lock().drop_objects(bucket);
     }
 
     /// Every call answered so far (including failed ones), in order.

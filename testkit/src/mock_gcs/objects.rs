@@ -1,5 +1,5 @@
 //! Object metadata RPCs: listing (with versions, prefix, delimiter and
-//! paging), get and delete. Object data is not modelled.
+//! paging), get and delete. Object data is in `objects_grpc.rs`.
 
 use std::collections::BTreeSet;
 
@@ -138,14 +138,15 @@ impl State {
             // noncurrent version.
             objects[index].delete_time = Some(now());
         } else {
-            objects.remove(index);
+            let removed = objects.remove(index);
+            self.contents.remove(&removed.generation);
         }
         Ok(())
     }
 }
 
 /// The live generation of `name` (generation 0) or that exact generation.
-fn find_object<'a>(
+pub(crate) fn find_object<'a>(
     objects: &'a [proto::Object],
     name: &str,
     generation: i64,
@@ -183,7 +184,7 @@ fn parse_page_token(token: &str) -> Result<Option<(String, i64)>, Status> {
         .ok_or_else(|| Status::invalid_argument(format!("invalid page_token {token:?}")))
 }
 
-fn object_not_found(bucket: &str, object: &str, generation: i64) -> Status {
+pub(crate) fn object_not_found(bucket: &str, object: &str, generation: i64) -> Status {
     let version = if generation == 0 {
         String::new()
     } else {
@@ -193,7 +194,7 @@ fn object_not_found(bucket: &str, object: &str, generation: i64) -> Status {
 }
 
 /// FAILED_PRECONDITION unless `object` satisfies every given precondition.
-fn check_object_preconditions(
+pub(crate) fn check_object_preconditions(
     object: &proto::Object,
     if_generation_match: Option<i64>,
     if_generation_not_match: Option<i64>,

@@ -8,9 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use tonic::{Request, Response, Status};
 
+use super::context::{CallContext, CancelGuard};
 use super::lock;
 use super::proto;
 use super::state::{State, Target, lenient_bucket_id, lenient_project};
+use super::streams;
 
 /// `google.protobuf.Empty`, the response of the delete methods.
 pub type Empty = ();
@@ -42,14 +44,18 @@ impl MockService {
     ) -> Result<Response<T>, Status> {
         let state = self.state.clone();
         let method = target.method;
-        let task = tokio::spawn(async move {
+        let context = CallContext::current();
+        let guard = CancelGuard::new(state.clone(), context.id);
+        let task = tokio::spawn(context.scope(async move {
             let delay = lock(&state).controls.latency_for(method);
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
             lock(&state).execute(target, op)
-        });
-        match task.await {
+        }));
+        let result = task.await;
+        guard.completed();
+        match result {
             Ok(result) => result.map(Response::new),
             Err(err) => Err(Status::internal(format!(
                 "mock GCS handler for {method} did not finish: {err}"
@@ -163,6 +169,103 @@ impl generated::storage_server::Storage for MockService {
         let request = request.into_inner();
         let target = bucket_target("GetObject", &request.bucket);
         self.call(target, move |state| state.get_object(&request))
+            .await
+    }
+
+    // Object data: streaming writes and reads, compose, rewrite (streams.rs,
+    // objects_grpc.rs).
+
+    async fn write_object(
+        &self,
+        request: Request<tonic::Streaming<proto::WriteObjectRequest>>,
+    ) -> Result<Response<proto::WriteObjectResponse>, Status> {
+        streams::write_object(self.state.clone(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type BidiWriteObjectStream = streams::ResponseStream<proto::BidiWriteObjectResponse>;
+
+    async fn bidi_write_object(
+        &self,
+        request: Request<tonic::Streaming<proto::BidiWriteObjectRequest>>,
+    ) -> Result<Response<Self::BidiWriteObjectStream>, Status> {
+        Ok(Response::new(streams::bidi_write_object(
+            self.state.clone(),
+            request.into_inner(),
+        )))
+    }
+
+    async fn start_resumable_write(
+        &self,
+        request: Request<proto::StartResumableWriteRequest>,
+    ) -> Result<Response<proto::StartResumableWriteResponse>, Status> {
+        let request = request.into_inner();
+        let target = bucket_target("StartResumableWrite", &streams::write_spec_bucket(&request));
+        self.call(target, move |state| {
+            streams::start_resumable_write(state, request)
+        })
+        .await
+    }
+
+    async fn query_write_status(
+        &self,
+        request: Request<proto::QueryWriteStatusRequest>,
+    ) -> Result<Response<proto::QueryWriteStatusResponse>, Status> {
+        let request = request.into_inner();
+        let bucket = lock(&self.state)
+            .upload(&request.upload_id)
+            .map(|u| u.bucket.clone())
+            .ok();
+        let target = Target {
+            method: "QueryWriteStatus",
+            project: None,
+            bucket,
+        };
+        self.call(target, move |state| state.query_write_status(&request))
+            .await
+    }
+
+    type ReadObjectStream = streams::ResponseStream<proto::ReadObjectResponse>;
+
+    async fn read_object(
+        &self,
+        request: Request<proto::ReadObjectRequest>,
+    ) -> Result<Response<Self::ReadObjectStream>, Status> {
+        streams::read_object(self.state.clone(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type BidiReadObjectStream = streams::ResponseStream<proto::BidiReadObjectResponse>;
+
+    async fn bidi_read_object(
+        &self,
+        request: Request<tonic::Streaming<proto::BidiReadObjectRequest>>,
+    ) -> Result<Response<Self::BidiReadObjectStream>, Status> {
+        streams::bidi_read_object(self.state.clone(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn compose_object(
+        &self,
+        request: Request<proto::ComposeObjectRequest>,
+    ) -> Result<Response<proto::Object>, Status> {
+        let request = request.into_inner();
+        let bucket = request.destination.as_ref().map(|d| d.bucket.clone());
+        let target = bucket_target("ComposeObject", &bucket.unwrap_or_default());
+        self.call(target, move |state| state.compose_object(request))
+            .await
+    }
+
+    async fn rewrite_object(
+        &self,
+        request: Request<proto::RewriteObjectRequest>,
+    ) -> Result<Response<proto::RewriteResponse>, Status> {
+        let request = request.into_inner();
+        let target = bucket_target("RewriteObject", &request.destination_bucket);
+        self.call(target, move |state| state.rewrite_object(request))
             .await
     }
 }

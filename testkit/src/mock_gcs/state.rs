@@ -2,13 +2,16 @@
 //! wraps every RPC (call log, faults, quota). The RPC semantics themselves
 //! live in `buckets.rs` and `objects.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost_types::Timestamp;
 use tonic::{Code, Status};
 
+use super::content::Content;
+use super::context::CallContext;
 use super::faults::{Call, Controls};
+use super::objects_grpc::Upload;
 use super::proto;
 
 /// Resource name prefix of every bucket: GCS bucket ids are global, so the
@@ -36,6 +39,13 @@ pub(crate) struct State {
     /// Last object generation handed out (generations are microsecond
     /// timestamps, strictly increasing, like in GCS).
     last_generation: i64,
+    /// The data of every object generation, by generation (generations are
+    /// unique across buckets).
+    pub(crate) contents: HashMap<i64, Content>,
+    /// Writes in progress (resumable uploads and write streams), by upload id.
+    pub(crate) uploads: HashMap<String, Upload>,
+    /// Last upload id number handed out.
+    pub(crate) last_upload: u64,
     pub(crate) controls: Controls,
     /// Buckets' IAM policies (`iam.rs`).
     pub(crate) iam: super::iam::Policies,
@@ -56,16 +66,35 @@ impl State {
                 .and_then(|id| self.bucket_project(id));
         }
         let result = self.run_guarded(&target, op);
-        self.controls.calls.push(Call {
-            method: target.method.to_string(),
-            project: target.project,
-            bucket: target.bucket,
-            code: result.as_ref().map_or_else(Status::code, |_| Code::Ok),
-        });
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        self.log_call(target, code, false);
         result
     }
 
-    fn run_guarded<T>(
+    /// Logs a call of the current [`CallContext`] about `target` that ended
+    /// with `code`.
+    pub(crate) fn log_call(&mut self, mut target: Target, code: Code, cancelled: bool) {
+        if target.project.is_none() {
+            target.project = target
+                .bucket
+                .as_deref()
+                .and_then(|id| self.bucket_project(id));
+        }
+        let context = CallContext::current();
+        self.controls.log(Call {
+            method: target.method.to_string(),
+            project: target.project,
+            bucket: target.bucket,
+            code,
+            id: context.id,
+            metadata: context.metadata,
+            cancelled,
+        });
+    }
+
+    /// Applies the faults and quota matching `target` around `op` (no
+    /// logging: streaming calls log when their stream ends).
+    pub(crate) fn run_guarded<T>(
         &mut self,
         target: &Target,
         op: impl FnOnce(&mut State) -> Result<T, Status>,
@@ -136,48 +165,97 @@ impl State {
         Ok(bucket.clone())
     }
 
-    /// Creates a new live generation of object `name` in bucket `id`. With
-    /// versioning enabled the previous live generation becomes noncurrent,
-    /// otherwise it is replaced.
+    /// Creates a new live generation of object `name` in bucket `id`, with
+    /// no data. With versioning enabled the previous live generation becomes
+    /// noncurrent, otherwise it is replaced.
     pub(crate) fn put_object(&mut self, id: &str, name: &str) -> anyhow::Result<proto::Object> {
-        let (versioned, storage_class) = match self.buckets.get(id) {
-            Some(bucket) => (
-                bucket.versioning.is_some_and(|v| v.enabled),
-                bucket.storage_class.clone(),
-            ),
-            None => {
-                anyhow::bail!("cannot put object {name} in bucket {id}: the bucket does not exist")
-            }
-        };
-        let generation = self.next_generation();
-        let time = now();
-        let objects = self.objects.entry(id.to_string()).or_default();
-        if versioned {
-            for object in objects
-                .iter_mut()
-                .filter(|o| o.name == name && o.delete_time.is_none())
-            {
-                object.delete_time = Some(time);
-            }
-        } else {
-            objects.retain(|o| o.name != name || o.delete_time.is_some());
-        }
-        let object = proto::Object {
+        self.put_object_data(id, name, Content::default())
+    }
+
+    /// Like [`put_object`](Self::put_object), with `content` as its data.
+    pub(crate) fn put_object_data(
+        &mut self,
+        id: &str,
+        name: &str,
+        content: Content,
+    ) -> anyhow::Result<proto::Object> {
+        let template = proto::Object {
             name: name.to_string(),
-            bucket: bucket_name(id),
-            etag: etag(generation),
-            generation,
-            metageneration: 1,
-            storage_class,
-            content_type: "application/octet-stream".to_string(),
-            create_time: Some(time),
-            update_time: Some(time),
-            finalize_time: Some(time),
+            checksums: Some(content.checksums()),
             ..Default::default()
         };
+        self.store_object(id, template, content).map_err(|status| {
+            anyhow::anyhow!(
+                "cannot put object {name} in bucket {id}: {}",
+                status.message()
+            )
+        })
+    }
+
+    /// Stores `content` as the new live generation of object
+    /// `template.name` in bucket `id`. The template carries the caller's
+    /// metadata and the content's checksums; the server fills identity,
+    /// size, times and defaults. With versioning enabled the previous live
+    /// generation becomes noncurrent, otherwise it is replaced.
+    pub(crate) fn store_object(
+        &mut self,
+        id: &str,
+        template: proto::Object,
+        content: Content,
+    ) -> Result<proto::Object, Status> {
+        let bucket = self.existing_bucket(id)?;
+        let versioned = bucket.versioning.is_some_and(|v| v.enabled);
+        let storage_class = bucket.storage_class.clone();
+        let generation = self.next_generation();
+        let time = now();
+        let mut object = template;
+        object.bucket = bucket_name(id);
+        object.etag = etag(generation);
+        object.generation = generation;
+        object.metageneration = 1;
+        object.size = i64::try_from(content.len()).unwrap_or(i64::MAX);
+        if object.storage_class.is_empty() {
+            object.storage_class = storage_class;
+        }
+        if object.content_type.is_empty() {
+            object.content_type = "application/octet-stream".to_string();
+        }
+        object.create_time = Some(time);
+        object.update_time = Some(time);
+        object.finalize_time = Some(time);
+        object.update_storage_class_time = Some(time);
+        object.delete_time = None;
+        let objects = self.objects.entry(id.to_string()).or_default();
+        if versioned {
+            for live in objects
+                .iter_mut()
+                .filter(|o| o.name == object.name && o.delete_time.is_none())
+            {
+                live.delete_time = Some(time);
+            }
+        } else {
+            let replaced = objects
+                .iter()
+                .filter(|o| o.name == object.name && o.delete_time.is_none())
+                .map(|o| o.generation);
+            for generation in replaced.collect::<Vec<_>>() {
+                self.contents.remove(&generation);
+            }
+            let objects = self.objects.entry(id.to_string()).or_default();
+            objects.retain(|o| o.name != object.name || o.delete_time.is_some());
+        }
+        let objects = self.objects.entry(id.to_string()).or_default();
         objects.push(object.clone());
         objects.sort_by(|a, b| (&a.name, a.generation).cmp(&(&b.name, b.generation)));
+        self.contents.insert(generation, content);
         Ok(object)
+    }
+
+    /// Removes every object generation of bucket `id` and its data.
+    pub(crate) fn drop_objects(&mut self, id: &str) {
+        for object in self.objects.remove(id).unwrap_or_default() {
+            self.contents.remove(&object.generation);
+        }
     }
 
     /// Every generation of every object in bucket `id`, by name then generation.

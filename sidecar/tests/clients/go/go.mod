@@ -7,6 +7,7 @@ go 1.26.0
 require (
 	cloud.google.com/go/storage v1.70.0
 	google.golang.org/api v0.307.0
+	google.golang.org/grpc v1.84.0
 )
 
 require (
@@ -53,6 +54,5 @@ require (
 	google.golang.org/genproto v0.0.0-20260715232425-e75dac1f907d // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260715232425-e75dac1f907d // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b // indirect
-	google.golang.org/grpc v1.84.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

@@ -3,6 +3,10 @@
 //
 // Usage: STORAGE_EMULATOR_HOST=127.0.0.1:PORT scenario SPEC.json
 //
+//	BUCKETMAP_TEST_GRPC_ENDPOINT=127.0.0.1:PORT scenario --grpc SPEC.json
+//
+// (the gRPC scenario: grpc.go).
+//
 // SPEC.json is written by the Rust integration test (sidecar/tests/common):
 // the logical bucket names, the files to upload and every object name. This
 // program only observes: it runs each step, records what the library returned
@@ -331,11 +335,16 @@ func libraryVersion() string {
 }
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: scenario SPEC.json")
+	args := os.Args[1:]
+	grpcMode := len(args) == 2 && args[0] == "--grpc"
+	if grpcMode {
+		args = args[1:]
+	}
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: scenario [--grpc] SPEC.json")
 		os.Exit(2)
 	}
-	raw, err := os.ReadFile(os.Args[1])
+	raw, err := os.ReadFile(args[0])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -346,6 +355,15 @@ func main() {
 		os.Exit(2)
 	}
 	ctx := context.Background()
+	if grpcMode {
+		report, err := runGRPC(ctx, sp)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		printReport(report)
+		return
+	}
 	client, err := storage.NewClient(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "storage.NewClient:", err)
@@ -375,6 +393,10 @@ func main() {
 		"emulator_host": os.Getenv("STORAGE_EMULATOR_HOST"),
 		"steps":         s.steps,
 	}
+	printReport(report)
+}
+
+func printReport(report result) {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", " ")
 	if err := enc.Encode(report); err != nil {

@@ -3,6 +3,9 @@
 //!
 //! Usage: BUCKETMAP_TEST_ENDPOINT=http://127.0.0.1:PORT scenario SPEC.json
 //!
+//! With `--grpc`, the gRPC scenario of `grpc.rs` (`StorageControl` and
+//! `Storage::open_object`) runs instead.
+//!
 //! SPEC.json is written by the Rust integration test (sidecar/tests/common):
 //! the logical bucket names, the files to upload and every object name. This
 //! program only observes: it runs each step, records what the library
@@ -15,6 +18,8 @@
 //! gRPC only, so those steps are not part of this client's scenario.
 //! Uploads use the library's defaults: single-shot below 16 MiB, resumable
 //! in 8 MiB chunks at and above it.
+
+mod grpc;
 
 use std::time::Duration;
 
@@ -171,13 +176,22 @@ impl Scenario {
 
 async fn main_inner() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, spec_path] = args.as_slice() else {
-        bail!("usage: scenario SPEC.json");
+    let (grpc_mode, spec_path) = match args.as_slice() {
+        [_, spec_path] => (false, spec_path),
+        [_, flag, spec_path] if flag == "--grpc" => (true, spec_path),
+        _ => bail!("usage: scenario [--grpc] SPEC.json"),
     };
     let spec: Value = serde_json::from_slice(
         &std::fs::read(spec_path).with_context(|| format!("cannot read {spec_path}"))?,
     )
     .context("bad spec")?;
+    if grpc_mode {
+        let report = tokio::time::timeout(Duration::from_secs(240), grpc::run(spec))
+            .await
+            .context("the gRPC scenario took longer than 240 s")??;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
     let endpoint = std::env::var("BUCKETMAP_TEST_ENDPOINT")
         .context("BUCKETMAP_TEST_ENDPOINT (http://127.0.0.1:PORT) is required")?;
     let file = |key: &str| -> Result<bytes::Bytes> {
