@@ -122,7 +122,13 @@ async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() ->
     assert!(f.gcs.bucket(&physical(&g)).is_some());
     let granted = f
         .wait_for("photos", Duration::from_secs(30), "access granted", |g| {
-            g.status.as_ref().is_some_and(|s| s.access.len() == 1)
+            // status.access records intent before the policy write; the
+            // Access condition turns True only once the grant is in place.
+            g.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Access" && c.status == "True")
+            })
         })
         .await?;
     let policy = f.gcs.iam_policy(&physical(&granted)).unwrap_or_default();
