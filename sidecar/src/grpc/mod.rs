@@ -2,4 +2,6 @@
 #[rustfmt::skip]
 #[allow(missing_docs, reason = "generated")]
 pub mod schema;
+pub mod resource;
 pub mod table;
+pub mod wire;
