@@ -61,6 +61,12 @@ pub struct Config {
     #[arg(long, default_value = "https://storage.googleapis.com", value_name = "URL", value_parser = parse_upstream)]
     pub grpc_upstream: Uri,
 
+    /// PEM file of CA certificates trusted for the upstreams (HTTP and
+    /// gRPC) besides the bundled web PKI roots: a private GCS endpoint, or a
+    /// TLS emulator with a throwaway CA.
+    #[arg(long, value_name = "PATH")]
+    pub upstream_ca_file: Option<std::path::PathBuf>,
+
     /// Largest gRPC message (after decompression) the sidecar reads to
     /// rewrite, in bytes; larger ones are refused with RESOURCE_EXHAUSTED.
     /// GCS sends and accepts messages of at most a few MiB.

@@ -79,5 +79,6 @@ pub mod route;
 pub mod server;
 pub mod signing;
 pub mod telemetry;
+pub mod tls;
 pub mod upload;
 pub mod watch;

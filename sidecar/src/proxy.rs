@@ -46,15 +46,14 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 pub fn build_client(
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
+    tls: rustls::ClientConfig,
 ) -> anyhow::Result<HttpClient> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
-    // An explicit provider: ring and aws-lc are both linked, rustls cannot pick alone.
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-        .map_err(|e| anyhow::anyhow!("cannot configure TLS for the upstream: {e}"))?
+        .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()

@@ -181,7 +181,8 @@ fn build_proxy(
     store: &Arc<MappingStore>,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Arc<Proxy>> {
-    let client = build_client(config.connect_timeout, config.pool_idle_timeout)?;
+    let tls = crate::tls::client_config(config.upstream_ca_file.as_deref())?;
+    let client = build_client(config.connect_timeout, config.pool_idle_timeout, tls)?;
     let settings = ProxySettings {
         allow_physical_names: config.allow_physical_names,
         max_metadata_bytes: config.max_metadata_bytes,
@@ -211,7 +212,10 @@ pub fn build_grpc_proxy(
         max_message_bytes: config.grpc_max_message_bytes,
     };
     Ok(Arc::new(GrpcProxy::new(
-        build_grpc_client(config.connect_timeout)?,
+        build_grpc_client(
+            config.connect_timeout,
+            crate::tls::client_config(config.upstream_ca_file.as_deref())?,
+        )?,
         settings,
         store.clone(),
         metrics.clone(),

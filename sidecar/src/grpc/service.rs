@@ -36,15 +36,17 @@ pub type GrpcClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 pub const OPERATION: &str = "grpc";
 
 /// Builds the upstream client: HTTP/2 only (ALPN `h2` over TLS for
-/// https://, prior knowledge for http://), bundled web PKI roots.
-pub fn build_grpc_client(connect_timeout: std::time::Duration) -> anyhow::Result<GrpcClient> {
+/// https://, prior knowledge for http://), with the roots of `tls`.
+pub fn build_grpc_client(
+    connect_timeout: std::time::Duration,
+    tls: rustls::ClientConfig,
+) -> anyhow::Result<GrpcClient> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-        .map_err(|e| anyhow::anyhow!("cannot configure TLS for the gRPC upstream: {e}"))?
+        .with_tls_config(tls)
         .https_or_http()
         .enable_http2()
         .wrap_connector(http);

@@ -106,6 +106,11 @@ impl Upstream {
     }
 }
 
+/// The upstream clients' TLS: the bundled roots.
+pub fn tls() -> rustls::ClientConfig {
+    bucketmap_sidecar::tls::client_config(None).expect("TLS")
+}
+
 pub fn settings() -> ServerSettings {
     ServerSettings {
         header_read_timeout: Duration::from_secs(10),
@@ -177,7 +182,8 @@ impl Sidecar {
             listen: options.configured_listen.unwrap_or(addr),
             advertise_url: options.advertise_url.clone(),
         };
-        let client = build_client(Duration::from_secs(5), Duration::from_secs(30)).expect("client");
+        let client =
+            build_client(Duration::from_secs(5), Duration::from_secs(30), tls()).expect("client");
         let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(
             Proxy::new(
@@ -196,7 +202,7 @@ impl Sidecar {
             max_message_bytes: 1 << 20,
         };
         let grpc = Arc::new(GrpcProxy::new(
-            build_grpc_client(Duration::from_secs(5)).expect("gRPC client"),
+            build_grpc_client(Duration::from_secs(5), tls()).expect("gRPC client"),
             grpc_settings,
             store.clone(),
             metrics.clone(),
