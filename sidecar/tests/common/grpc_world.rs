@@ -67,7 +67,9 @@ impl GrpcWorld {
         let dir = tempfile::Builder::new()
             .prefix(&format!("bucketmap-grpc-{name}-"))
             .tempdir()?;
-        let mock = MockGcs::start().await.context("cannot start the mock GCS")?;
+        let mock = MockGcs::start()
+            .await
+            .context("cannot start the mock GCS")?;
         for id in all_physical() {
             let bucket = proto::Bucket {
                 bucket_id: id.to_owned(),
@@ -146,10 +148,9 @@ pub async fn channel_to(endpoint: &str) -> Result<Channel> {
 /// The sidecar's `/_bucketmap/metrics` text.
 pub async fn metrics(sidecar: &Sidecar) -> Result<String> {
     let addr = sidecar.addr;
-    let resp =
-        tokio::task::spawn_blocking(move || Request::get("/_bucketmap/metrics").send(addr))
-            .await
-            .context("the metrics reader panicked")??;
+    let resp = tokio::task::spawn_blocking(move || Request::get("/_bucketmap/metrics").send(addr))
+        .await
+        .context("the metrics reader panicked")??;
     if resp.status != 200 {
         bail!("GET /_bucketmap/metrics: {}", resp.summary());
     }
@@ -319,9 +320,8 @@ async fn accept_loop(
 ) {
     while let Ok((stream, _)) = listener.accept().await {
         let (seen, answer) = (seen.clone(), answer.clone());
-        let service = hyper::service::service_fn(move |req| {
-            respond(req, seen.clone(), answer.clone())
-        });
+        let service =
+            hyper::service::service_fn(move |req| respond(req, seen.clone(), answer.clone()));
         tokio::spawn(async move {
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service);
@@ -332,7 +332,8 @@ async fn accept_loop(
     }
 }
 
-type RawBody = StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+type RawBody =
+    StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
 
 async fn respond(
     req: http::Request<Incoming>,
