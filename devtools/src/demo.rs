@@ -109,8 +109,14 @@ async fn sync_once(
 }
 
 /// Starts fake-gcs-server and the sidecar for `namespace`, and keeps the
-/// sidecar's map in step with the namespace's ConfigMap.
-pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> anyhow::Result<Demo> {
+/// sidecar's map in step with the namespace's ConfigMap. With
+/// `grpc_upstream` (the mock GCS), the sidecar's gRPC side forwards there.
+pub async fn start(
+    client: &kube::Client,
+    namespace: &str,
+    map_name: &str,
+    grpc_upstream: Option<&str>,
+) -> anyhow::Result<Demo> {
     let (fake_gcs, data_plane) = start_fake_gcs().await?;
     let dir = tempfile::Builder::new()
         .prefix("bucketmap-dev-map-")
@@ -129,7 +135,7 @@ pub async fn start(client: &kube::Client, namespace: &str, map_name: &str) -> an
             }
         })
     };
-    let (sidecar, sidecar_addr) = start_sidecar(&data_plane, dir.path()).await?;
+    let (sidecar, sidecar_addr) = start_sidecar(&data_plane, grpc_upstream, dir.path()).await?;
     Ok(Demo {
         _fake_gcs: fake_gcs,
         _sidecar: sidecar,
@@ -169,7 +175,11 @@ async fn start_fake_gcs() -> anyhow::Result<(Child, String)> {
 
 /// `bucketmap-sidecar` in front of `data_plane` with the map in `map_dir`,
 /// once it is ready: (process, host:port).
-async fn start_sidecar(data_plane: &str, map_dir: &Path) -> anyhow::Result<(Child, String)> {
+async fn start_sidecar(
+    data_plane: &str,
+    grpc_upstream: Option<&str>,
+    map_dir: &Path,
+) -> anyhow::Result<(Child, String)> {
     let sidecar_bin = crate::binaries::sibling("bucketmap-sidecar", "bucketmap-sidecar").await?;
     let sidecar_addr = format!("127.0.0.1:{}", free_port()?);
     let upstream = format!("http://{data_plane}");
@@ -181,6 +191,12 @@ async fn start_sidecar(data_plane: &str, map_dir: &Path) -> anyhow::Result<(Chil
             &upstream,
             "--no-auth",
         ])
+        .args(
+            grpc_upstream
+                .map(|url| ["--grpc-upstream", url])
+                .into_iter()
+                .flatten(),
+        )
         .arg("--mapping-dir")
         .arg(map_dir)
         .env("RUST_LOG", "warn")
@@ -214,6 +230,37 @@ impl Demo {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// `GetBucket` with the logical name through the sidecar's gRPC side
+    /// (the generated `google.storage.v2` client); the bucket name the
+    /// answer shows.
+    pub async fn grpc_get_bucket(&self, logical: &str) -> anyhow::Result<String> {
+        use bucketmap_testkit::mock_gcs::proto;
+        let channel = tonic::transport::Endpoint::from_shared(self.sidecar_url.clone())?
+            .connect()
+            .await
+            .context("cannot open an HTTP/2 connection to the sidecar")?;
+        let mut client = proto::storage_client::StorageClient::new(channel);
+        let name = format!("projects/_/buckets/{logical}");
+        let mut request = tonic::Request::new(proto::GetBucketRequest {
+            name: name.clone(),
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("x-goog-request-params", format!("bucket={name}").parse()?);
+        let bucket = client
+            .get_bucket(request)
+            .await
+            .with_context(|| format!("GetBucket {name} through the sidecar"))?
+            .into_inner();
+        anyhow::ensure!(
+            bucket.name.ends_with(&format!("/buckets/{logical}")),
+            "GetBucket {name} through the sidecar answered {}",
+            bucket.name
+        );
+        Ok(bucket.name)
     }
 
     /// Runs `examples/app/photo_app.py` (the Python client, logical name

@@ -329,6 +329,7 @@ fn print_summary(cluster: &Cluster, gcs: &str, ready: &[Gcs]) {
 async fn start_demo(
     client: &kube::Client,
     ready: &[Gcs],
+    grpc_upstream: Option<&str>,
 ) -> anyhow::Result<Option<crate::demo::Demo>> {
     let target = ready
         .iter()
@@ -344,7 +345,7 @@ async fn start_demo(
         .bucket_full_name
         .unwrap_or_default();
     eprintln!("starting bucketmap-sidecar for namespace {ns} in front of fake-gcs-server...");
-    let demo = crate::demo::start(client, &ns, "bucketmap").await?;
+    let demo = crate::demo::start(client, &ns, "bucketmap", grpc_upstream).await?;
     let said = demo.run_example_app(&logical, &physical).await?;
     println!(
         "  sidecar:    {} (namespace {ns}; point STORAGE_EMULATOR_HOST here)",
@@ -355,6 +356,12 @@ async fn start_demo(
         "    -> found as {physical}/hello.txt in the data plane (fake-gcs-server on {})",
         demo.data_plane
     );
+    if grpc_upstream.is_some() {
+        let name = demo.grpc_get_bucket(&logical).await?;
+        println!(
+            "  gRPC GetBucket through the sidecar (google.storage.v2, h2c on the same port): {name}"
+        );
+    }
     Ok(Some(demo))
 }
 
@@ -391,7 +398,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     print_summary(&cluster, &gcs_shown, &ready);
     let demo = match args.no_sidecar {
         true => None,
-        false => start_demo(&cluster.client, &ready).await?,
+        false => {
+            let grpc_upstream = mock.as_ref().map(MockGcs::endpoint);
+            start_demo(&cluster.client, &ready, grpc_upstream.as_deref()).await?
+        }
     };
     if !args.exit_when_ready {
         println!("press ctrl-c to stop");

@@ -8,7 +8,10 @@
 //! 2. [`layers::admin`]: `/_bucketmap/{healthz,readyz,metrics}`, answered by
 //!    the same [`layers::admin::Admin`] that serves the `--admin-addr`
 //!    listener.
-//! 3. [`layers::refuse`]: what cannot be rewritten is refused here (gRPC, a
+//! 3. [`grpc::layer`]: gRPC calls (`application/grpc`, over h2c on the same
+//!    port) leave for [`grpc`]: known methods only, bucket names rewritten
+//!    at the protobuf wire level message by message as the streams pass.
+//! 4. [`layers::refuse`]: what cannot be rewritten is refused here (a
 //!    bad `X-HTTP-Method-Override`, signed URLs and HMAC signatures, names
 //!    the map cannot translate). [`route`] classifies the raw, still
 //!    percent-encoded path (and `Host`, for the XML API's virtual-hosted
@@ -17,9 +20,9 @@
 //!    bucket segments' byte ranges are replaced. The bucket names are
 //!    looked up in [`mapping`]'s map in force (an `ArcSwap` snapshot, so a
 //!    reload never disturbs a request in flight), kept current by [`watch`].
-//! 4. [`layers::credentials`]: Application Default Credentials ([`auth`])
+//! 5. [`layers::credentials`]: Application Default Credentials ([`auth`])
 //!    for requests without their own `Authorization`.
-//! 5. The core, [`proxy::Core`]: [`rewrite`] translates structured fields
+//! 6. The core, [`proxy::Core`]: [`rewrite`] translates structured fields
 //!    only — JSON resources by kind ([`rewrite::json`]), XML elements
 //!    ([`rewrite::xml`]), absolute links and copy sources ([`rewrite::url`]),
 //!    whole-token replacement in error messages ([`rewrite::text`]).
@@ -47,7 +50,12 @@
 //! hyper's own parser), `memchr` (boundary search), `percent-encoding`,
 //! `arc-swap`, `notify`, `prometheus-client`, `google-cloud-auth` (ADC with
 //! token caching and refresh), `hyper-rustls` with bundled webpki roots.
-//! Hand-written: the multipart splitting (a few dozen lines; `multer` is
+//! `prost` (protobuf varints and keys), `tonic` without its transport (gRPC
+//! status codes and their trailers).
+//! Hand-written: the gRPC message framer and the protobuf wire walker
+//! ([`grpc::frame`], [`grpc::wire`]: decoding into the generated types and
+//! encoding again would lose or reorder fields the types do not know, and
+//! copy object data); the multipart splitting (a few dozen lines; `multer` is
 //! streaming `multipart/form-data`-oriented and wants `Content-Disposition`),
 //! and the incremental first-part scan of uploads, which must hand the rest of
 //! the body on as a stream.
