@@ -128,7 +128,12 @@ impl State {
             ));
         }
         self.last_upload += 1;
-        let id = format!("mock-upload-{}-{bucket}", self.last_upload);
+        // GCS's form: the routing annotations read the bucket from it
+        // (`{bucket=projects/*/buckets/*}/**`).
+        let id = format!(
+            "projects/_/buckets/{bucket}/uploads/mock-{}",
+            self.last_upload
+        );
         self.uploads.insert(
             id.clone(),
             Upload {
