@@ -3,6 +3,7 @@
 //! names while the mock GCS holds the physical buckets; the refusals (deny
 //! by default) with a raw client, each proved by the mock seeing no call;
 //! unknown protobuf fields both ways through a raw upstream of our own; the
+//! client's deadline and cancellation reaching the upstream call; the
 //! `grpc_requests_total` metric.
 //!
 //! The mock's store and call log are the judge of what reached GCS; the
