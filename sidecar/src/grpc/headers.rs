@@ -10,8 +10,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use tonic::Status;
 
+use super::resource::bucket_range;
 use super::schema::ROUTING_KEYS;
 use super::status::status_of;
+use super::table::Kind;
 use crate::rewrite::Translator;
 
 /// The routing header of Google's client libraries.
@@ -29,17 +31,6 @@ const ROUTING_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
-/// `projects/{project}/buckets/{bucket}` split into the part before the
-/// bucket and the bucket.
-fn split_bucket_name(value: &str) -> Option<(&str, &str)> {
-    let rest = value.strip_prefix("projects/")?;
-    let (project, bucket) = rest.split_once("/buckets/")?;
-    if project.is_empty() || project.contains('/') || bucket.is_empty() || bucket.contains('/') {
-        return None;
-    }
-    Some((&value[..value.len() - bucket.len()], bucket))
-}
-
 /// Translates the value of routing key `key`, which names a bucket.
 fn translate_value(key: &str, raw: &str, t: &Translator<'_>) -> Result<String, Status> {
     let invalid = |why: &str| {
@@ -50,10 +41,10 @@ fn translate_value(key: &str, raw: &str, t: &Translator<'_>) -> Result<String, S
     let value = percent_decode_str(raw)
         .decode_utf8()
         .map_err(|_| invalid("it is not UTF-8"))?;
-    let (prefix, bucket) =
-        split_bucket_name(&value).ok_or_else(|| invalid("it is not projects/_/buckets/NAME"))?;
-    let translated = match t.bucket(bucket).map_err(|e| status_of(&e))? {
-        Some(name) => Cow::Owned(format!("{prefix}{name}")),
+    let range = bucket_range(&value, Kind::BucketName)
+        .ok_or_else(|| invalid("it is not projects/_/buckets/NAME"))?;
+    let translated = match t.bucket(&value[range.clone()]).map_err(|e| status_of(&e))? {
+        Some(name) => Cow::Owned(format!("{}{name}", &value[..range.start])),
         None => Cow::Borrowed(value.as_ref()),
     };
     if raw.contains('%') {

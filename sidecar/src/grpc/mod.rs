@@ -14,6 +14,7 @@
 pub mod frame;
 pub mod headers;
 pub mod layer;
+pub mod resource;
 #[rustfmt::skip]
 #[allow(missing_docs, reason = "generated")]
 pub mod schema;
