@@ -304,6 +304,13 @@ impl GrpcProxy {
             return refuse(outcome, &status);
         };
         let outcome = self.outcome(&rpc.path[1..]);
+        if req.version() != Version::HTTP_2 {
+            let status = Status::invalid_argument(format!(
+                "gRPC needs HTTP/2; {path} came over {:?}",
+                req.version()
+            ));
+            return refuse(outcome, &status);
+        }
         let Some(mapping) = self.mapping.current() else {
             let status = Status::unavailable("bucketmap-sidecar has not loaded its bucket map yet");
             return refuse(outcome, &status);
