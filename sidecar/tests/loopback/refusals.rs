@@ -102,14 +102,6 @@ const REFUSED: &[Refused] = &[
         "notFound",
     ),
     (
-        Method::POST,
-        "/storage/v1/grpc",
-        &[("content-type", "application/grpc")],
-        "",
-        400,
-        "gRPC",
-    ),
-    (
         Method::PUT,
         "/photos/dst",
         &[("x-goog-copy-source", "/unknown/src")],
