@@ -33,6 +33,7 @@ use common::grpc_raw::{
     CHUNK, Client, MIB, Verifier, bucket_name, chunk, client, memory_kib, parse_grpc_timeout,
     request, wait_for_call, write_messages,
 };
+use common::http::Request as HttpRequest;
 use common::procs::{Sidecar, log_tail};
 
 const PROJECT: &str = "acme-staging";
@@ -104,6 +105,37 @@ impl Setup {
             .as_ref()
             .map(|s| memory_kib(s.proc.pid()))
             .transpose()
+    }
+
+    /// The sidecar's `grpc_requests_total` for `method` (e.g. `GetObject`)
+    /// and `code` (e.g. `OK`); None when running direct.
+    fn grpc_requests(&self, method: &str, code: &str) -> Result<Option<f64>> {
+        let Some(sidecar) = &self.sidecar else {
+            return Ok(None);
+        };
+        let response = HttpRequest::get("/_bucketmap/metrics").send(sidecar.addr)?;
+        let method = format!("method=\"google.storage.v2.Storage/{method}\"");
+        let code = format!("code=\"{code}\"");
+        let value = response
+            .text()
+            .lines()
+            .filter(|l| l.starts_with("bucketmap_sidecar_grpc_requests_total{"))
+            .filter(|l| l.contains(&method) && l.contains(&code))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        Ok(Some(value))
+    }
+
+    /// Fails unless the sidecar counted `method` with `code` (running
+    /// direct, there is nothing to check).
+    fn assert_counted(&self, method: &str, code: &str) {
+        let counted = self
+            .grpc_requests(method, code)
+            .expect("the sidecar's metrics");
+        assert!(
+            counted.is_none_or(|n| n >= 1.0),
+            "no {method} with {code} in bucketmap_sidecar_grpc_requests_total"
+        );
     }
 
     /// The sidecar's log tail, for failure messages.
@@ -258,6 +290,8 @@ async fn a_gibibyte_streams_each_way_in_bounded_memory() {
     assert_eq!(metadata.size, stored.size);
     assert_eq!(metadata.bucket, bucket_name(setup.bucket));
     let after_read = setup.memory().expect("the sidecar's memory");
+    setup.assert_counted("WriteObject", "OK");
+    setup.assert_counted("ReadObject", "OK");
 
     let mib_s = |t: Duration| size as f64 / MIB as f64 / t.as_secs_f64();
     eprintln!(
@@ -491,6 +525,7 @@ async fn a_deadline_passing_while_the_upstream_is_slow_ends_deadline_exceeded() 
             "{method}: the status came after {elapsed:?}, not at the deadline"
         );
         mock.set_latency(Some(method.to_owned()), Duration::ZERO);
+        setup.assert_counted(method, "DEADLINE_EXCEEDED");
     }
 }
 
