@@ -55,6 +55,18 @@ pub struct Config {
     #[arg(long, default_value = "https://storage.googleapis.com", value_name = "URL", value_parser = parse_upstream)]
     pub upstream: Uri,
 
+    /// Base URL of the GCS gRPC endpoint (`google.storage.v2`) gRPC requests
+    /// are forwarded to, over HTTP/2: TLS for https://, h2c (prior knowledge)
+    /// for http:// (emulators such as the in-repo mock GCS).
+    #[arg(long, default_value = "https://storage.googleapis.com", value_name = "URL", value_parser = parse_upstream)]
+    pub grpc_upstream: Uri,
+
+    /// Largest gRPC message (after decompression) the sidecar reads to
+    /// rewrite, in bytes; larger ones are refused with RESOURCE_EXHAUSTED.
+    /// GCS sends and accepts messages of at most a few MiB.
+    #[arg(long, default_value = "33554432", value_name = "BYTES")]
+    pub grpc_max_message_bytes: usize,
+
     /// Directory holding the mapping as a mounted ConfigMap: one file per
     /// logical name whose content is the physical name (whitespace trimmed);
     /// entries starting with "." are ignored. Reloaded on change.

@@ -99,18 +99,6 @@ impl ApiError {
         )
     }
 
-    /// A gRPC (`google.storage.v2`) request: only the JSON and XML APIs are proxied.
-    pub fn grpc_unsupported() -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid",
-            "InvalidArgument",
-            "bucketmap-sidecar proxies the GCS JSON and XML APIs; the gRPC API (google.storage.v2) \
-             is not supported: configure the client to use HTTP/JSON."
-                .to_owned(),
-        )
-    }
-
     /// A request the router refuses: it matches no GCS operation the sidecar
     /// knows how to rewrite (deny by default).
     pub fn refused_request(error: &crate::route::RouteError) -> Self {

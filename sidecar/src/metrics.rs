@@ -44,6 +44,15 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// Labels of `grpc_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcLabels {
+    /// `package.Service/Method` of a method the sidecar knows, else `unknown`.
+    pub method: &'static str,
+    /// The canonical status code name (`OK`, `NOT_FOUND`, …).
+    pub code: &'static str,
+}
+
 /// Every metric the sidecar exports.
 pub struct Metrics {
     registry: Registry,
@@ -53,6 +62,8 @@ pub struct Metrics {
     pub upstream_latency: Family<OperationLabels, Histogram>,
     /// Body bytes proxied, by direction.
     pub bytes: Family<DirectionLabels, Counter>,
+    /// gRPC calls ended, by method and status code.
+    pub grpc_requests: Family<GrpcLabels, Counter>,
     /// Mapping reloads that changed the map or failed, by result.
     pub mapping_reloads: Family<ResultLabels, Counter>,
     /// Requests refused by the router (deny by default), by reason.
@@ -81,65 +92,71 @@ impl Default for Metrics {
 impl Metrics {
     /// Every metric registered under the `bucketmap_sidecar` prefix, all at zero.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("bucketmap_sidecar");
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "requests",
-            "Requests answered, by operation and HTTP status",
-            requests.clone(),
-        );
-        let upstream_latency = Family::<OperationLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.005, 2.0, 14))
-        });
-        registry.register(
-            "upstream_latency_seconds",
-            "Time from sending a request upstream to its response headers",
-            upstream_latency.clone(),
-        );
         let bytes = Family::<DirectionLabels, Counter>::default();
-        registry.register(
-            "body_bytes",
-            "Body bytes proxied, by direction",
-            bytes.clone(),
-        );
-        let mapping_reloads = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "mapping_reloads",
-            "Mapping reloads that changed the map or failed",
-            mapping_reloads.clone(),
-        );
-        let refusals = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "refused_requests",
-            "Requests refused because they match no GCS operation the sidecar rewrites, by reason",
-            refusals.clone(),
-        );
-        let mapping_entries = Gauge::default();
-        registry.register(
-            "mapping_entries",
-            "Entries in the mapping in force",
-            mapping_entries.clone(),
-        );
-        let in_flight = Gauge::default();
-        registry.register(
-            "in_flight_requests",
-            "Requests being served",
-            in_flight.clone(),
-        );
         let series = |direction| bytes.get_or_create(&DirectionLabels { direction }).clone();
         let (from_client, to_client) = (series("from_client"), series("to_client"));
-        Self {
-            registry,
-            requests,
-            upstream_latency,
+        let mut metrics = Self {
+            registry: Registry::with_prefix("bucketmap_sidecar"),
+            requests: Family::default(),
+            upstream_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.005, 2.0, 14))
+            }),
             bytes,
-            mapping_reloads,
-            refusals,
-            mapping_entries,
-            in_flight,
+            grpc_requests: Family::default(),
+            mapping_reloads: Family::default(),
+            refusals: Family::default(),
+            mapping_entries: Gauge::default(),
+            in_flight: Gauge::default(),
             from_client,
             to_client,
-        }
+        };
+        metrics.register_all();
+        metrics
+    }
+
+    /// Registers every metric (clones share their values).
+    fn register_all(&mut self) {
+        let r = &mut self.registry;
+        r.register(
+            "requests",
+            "Requests answered, by operation and HTTP status",
+            self.requests.clone(),
+        );
+        r.register(
+            "upstream_latency_seconds",
+            "Time from sending a request upstream to its response headers",
+            self.upstream_latency.clone(),
+        );
+        r.register(
+            "body_bytes",
+            "Body bytes proxied, by direction",
+            self.bytes.clone(),
+        );
+        r.register(
+            "grpc_requests",
+            "gRPC calls ended, by method and status code",
+            self.grpc_requests.clone(),
+        );
+        r.register(
+            "mapping_reloads",
+            "Mapping reloads that changed the map or failed",
+            self.mapping_reloads.clone(),
+        );
+        r.register(
+            "refused_requests",
+            "Requests refused because they match no GCS operation the sidecar rewrites, by reason",
+            self.refusals.clone(),
+        );
+        r.register(
+            "mapping_entries",
+            "Entries in the mapping in force",
+            self.mapping_entries.clone(),
+        );
+        r.register(
+            "in_flight_requests",
+            "Requests being served",
+            self.in_flight.clone(),
+        );
     }
 
     /// Body bytes read from the application (request bodies).

@@ -685,7 +685,7 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     headers
 }
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = connection_listed(headers).collect();
     for name in HOP_BY_HOP.iter().chain(&listed) {
         headers.remove(name);

@@ -18,6 +18,8 @@ use tower::{Service, ServiceBuilder, ServiceExt as _};
 use crate::auth::Auth;
 use crate::body::ProxyBody;
 use crate::config::Config;
+use crate::grpc::layer::GrpcLayer;
+use crate::grpc::service::{GrpcProxy, GrpcSettings, build_grpc_client};
 use crate::layers::admin::{Admin, AdminLayer};
 use crate::layers::credentials::CredentialsLayer;
 use crate::layers::record::RecordLayer;
@@ -54,11 +56,12 @@ fn connection_builder(settings: ServerSettings) -> auto::Builder<TokioExecutor> 
 }
 
 /// The proxy listener's request path, outermost first: recording, the
-/// admin endpoints, refusal of what cannot be rewritten, credentials, and
-/// the core (route → rewrite → forward under the upstream timeout → rewrite
-/// back). See [`crate::layers`].
+/// admin endpoints, gRPC calls diverted to `grpc`, refusal of what cannot
+/// be rewritten, credentials, and the core (route → rewrite → forward
+/// under the upstream timeout → rewrite back). See [`crate::layers`].
 pub fn proxy_stack(
     proxy: Arc<Proxy>,
+    grpc: Arc<GrpcProxy>,
     auth: Auth,
 ) -> impl Service<
     Request<Incoming>,
@@ -78,6 +81,7 @@ pub fn proxy_stack(
             Admin::new(metrics.clone(), mapping.clone()),
             listen,
         ))
+        .layer(GrpcLayer::new(grpc))
         .layer(RefuseLayer::new(mapping, metrics, listen, allow_physical))
         .layer(CredentialsLayer::new(auth))
         .service(Core(proxy))
@@ -194,6 +198,27 @@ fn build_proxy(
     )?))
 }
 
+/// The gRPC path of the process.
+pub fn build_grpc_proxy(
+    config: &Config,
+    store: &Arc<MappingStore>,
+    metrics: &Arc<Metrics>,
+    auth: &Auth,
+) -> anyhow::Result<Arc<GrpcProxy>> {
+    let settings = GrpcSettings {
+        upstream: config.grpc_upstream.clone(),
+        allow_physical_names: config.allow_physical_names,
+        max_message_bytes: config.grpc_max_message_bytes,
+    };
+    Ok(Arc::new(GrpcProxy::new(
+        build_grpc_client(config.connect_timeout)?,
+        settings,
+        store.clone(),
+        metrics.clone(),
+        Arc::new(auth.clone()),
+    )))
+}
+
 /// The connection-level limits from the configuration.
 fn server_settings(config: &Config) -> ServerSettings {
     ServerSettings {
@@ -236,12 +261,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Auth::application_default()?
     };
     let proxy = build_proxy(&config, &store, &metrics)?;
+    let grpc = build_grpc_proxy(&config, &store, &metrics, &auth)?;
     let server_settings = server_settings(&config);
 
     let (listener, metrics_listener) = bind(&config).await?;
     tracing::info!(
         listen = %config.listen,
         upstream = %config.upstream,
+        grpc_upstream = %config.grpc_upstream,
         auth = if config.no_auth { "none" } else { "application-default" },
         admin = ?config.admin_addr,
         "bucketmap-sidecar started"
@@ -267,7 +294,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let main_server = tokio::spawn(serve(
         listener,
         server_settings,
-        proxy_stack(proxy, auth),
+        proxy_stack(proxy, grpc, auth),
         stopped,
     ));
 

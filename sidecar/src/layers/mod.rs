@@ -5,13 +5,14 @@
 //!    and the count of body bytes sent to the client;
 //! 2. [`admin`]: `/_bucketmap/{healthz,readyz,metrics}` (the same
 //!    [`admin::Admin`] serves the `--admin-addr` listener);
-//! 3. [`refuse`]: refuses what cannot be rewritten (gRPC, a bad
+//! 3. [`crate::grpc::layer`]: gRPC calls leave for [`crate::grpc`];
+//! 4. [`refuse`]: refuses what cannot be rewritten (a bad
 //!    `X-HTTP-Method-Override`, shapes the router does not know, signed
 //!    URLs and HMAC signatures, names the map cannot translate), and hands
 //!    the routed request on as a [`refuse::Routed`];
-//! 4. [`credentials`]: Application Default Credentials for requests whose
+//! 5. [`credentials`]: Application Default Credentials for requests whose
 //!    own `Authorization` does not reach the upstream;
-//! 5. the core: rewrite, forward through [`timeout`] (the upstream call's
+//! 6. the core: rewrite, forward through [`timeout`] (the upstream call's
 //!    time limit), rewrite back.
 //!
 //! Layers below [`record`] tell it what they did through the response's

@@ -1,5 +1,6 @@
 //! Refusal of requests the sidecar cannot rewrite, before anything is read
-//! or forwarded: the gRPC API, a bad `X-HTTP-Method-Override`, shapes the
+//! or forwarded (gRPC calls never get here: [`crate::grpc::layer`] takes
+//! them first): a bad `X-HTTP-Method-Override`, shapes the
 //! router does not know (deny by default), signed URLs and HMAC signatures
 //! (their signature covers the bucket name), and bucket names the map in
 //! force cannot translate (no map loaded yet, an unknown name, a refused
@@ -12,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::{self, HeaderMap};
+use http::header::HeaderMap;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response};
 use tower::{Layer, Service};
@@ -22,7 +23,7 @@ use crate::body::ProxyBody;
 use crate::errors::{ApiError, ErrorStyle};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
-use crate::proxy::{header_str, virtual_host};
+use crate::proxy::virtual_host;
 use crate::rewrite::request_bucket;
 use crate::route::{Route, replace_slots, route};
 use crate::signing::signature_kind;
@@ -82,15 +83,6 @@ impl RefuseLayer {
         let mapping = self.mapping.current();
         let (host, bucket) = virtual_host(&req, mapping.as_deref(), self.listen);
         let (path, query) = (req.uri().path(), req.uri().query());
-        if header_str(req.headers(), header::CONTENT_TYPE)
-            .is_some_and(|ct| ct.starts_with("application/grpc"))
-        {
-            return Err(Refusal::new(
-                ApiError::grpc_unsupported(),
-                ErrorStyle::Json,
-                "grpc",
-            ));
-        }
         let method = effective_method(req.method(), req.headers()).map_err(|error| {
             self.metrics.refused("method_override");
             Refusal::new(error, guess_style(path), "unrouted")
@@ -333,16 +325,6 @@ mod tests {
         let get = |target| request(Method::GET, target, &[]);
         let cases = [
             // (request, status, operation, refusal reason counted)
-            (
-                request(
-                    Method::POST,
-                    "/google.storage.v2.Storage/ReadObject",
-                    &[("content-type", "application/grpc")],
-                ),
-                400,
-                "grpc",
-                None,
-            ),
             (
                 request(
                     Method::GET,

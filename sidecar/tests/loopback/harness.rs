@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use bucketmap_sidecar::auth::Auth;
 use bucketmap_sidecar::body::{BoxError, ProxyBody, empty, full};
+use bucketmap_sidecar::grpc::service::{GrpcProxy, GrpcSettings, build_grpc_client};
 use bucketmap_sidecar::mapping::{Mapping, MappingStore};
 use bucketmap_sidecar::metrics::Metrics;
 use bucketmap_sidecar::proxy::{Proxy, ProxySettings, build_client};
@@ -189,7 +190,19 @@ impl Sidecar {
             .expect("proxy"),
         );
         let (stop, stopped) = watch::channel(false);
-        let stack = proxy_stack(proxy.clone(), options.auth);
+        let grpc_settings = GrpcSettings {
+            upstream: upstream.url(),
+            allow_physical_names: options.allow_physical,
+            max_message_bytes: 1 << 20,
+        };
+        let grpc = Arc::new(GrpcProxy::new(
+            build_grpc_client(Duration::from_secs(5)).expect("gRPC client"),
+            grpc_settings,
+            store.clone(),
+            metrics.clone(),
+            Arc::new(options.auth.clone()),
+        ));
+        let stack = proxy_stack(proxy.clone(), grpc, options.auth);
         let task = tokio::spawn(serve(listener, settings(), stack, stopped));
         Self {
             addr,

@@ -1,0 +1,213 @@
+//! The request metadata of a gRPC call on its way upstream: the routing
+//! header `x-goog-request-params` translated key by key (keys from the
+//! protos' routing annotations, [`super::schema::ROUTING_KEYS`]; any other
+//! key is refused), hop-by-hop headers dropped, and no compression offered
+//! for responses (so that their messages can be read and rewritten).
+
+use std::borrow::Cow;
+
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use tonic::Status;
+
+use super::schema::ROUTING_KEYS;
+use super::status::status_of;
+use crate::rewrite::Translator;
+
+/// The routing header of Google's client libraries.
+pub const REQUEST_PARAMS: &str = "x-goog-request-params";
+
+/// Keys of the routing header that hold no names and are not in the protos'
+/// routing annotations: the Go client's diagnostics flag.
+const EXTRA_KEYS: [&str; 1] = ["direct_connectivity_diagnostic"];
+
+/// What the client libraries leave unescaped in routing values (RFC 3986
+/// unreserved characters).
+const ROUTING_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// `projects/{project}/buckets/{bucket}` split into the part before the
+/// bucket and the bucket.
+fn split_bucket_name(value: &str) -> Option<(&str, &str)> {
+    let rest = value.strip_prefix("projects/")?;
+    let (project, bucket) = rest.split_once("/buckets/")?;
+    if project.is_empty() || project.contains('/') || bucket.is_empty() || bucket.contains('/') {
+        return None;
+    }
+    Some((&value[..value.len() - bucket.len()], bucket))
+}
+
+/// Translates the value of routing key `key`, which names a bucket.
+fn translate_value(key: &str, raw: &str, t: &Translator<'_>) -> Result<String, Status> {
+    let invalid = |why: &str| {
+        Status::invalid_argument(format!(
+            "bucketmap-sidecar cannot read {key}={raw} in {REQUEST_PARAMS}: {why}"
+        ))
+    };
+    let value = percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| invalid("it is not UTF-8"))?;
+    let (prefix, bucket) =
+        split_bucket_name(&value).ok_or_else(|| invalid("it is not projects/_/buckets/NAME"))?;
+    let translated = match t.bucket(bucket).map_err(|e| status_of(&e))? {
+        Some(name) => Cow::Owned(format!("{prefix}{name}")),
+        None => Cow::Borrowed(value.as_ref()),
+    };
+    if raw.contains('%') {
+        Ok(utf8_percent_encode(&translated, ROUTING_VALUE).to_string())
+    } else {
+        Ok(translated.into_owned())
+    }
+}
+
+/// Translates a routing header value: `key=value` pairs joined by `&`.
+pub fn translate_request_params(value: &str, t: &Translator<'_>) -> Result<String, Status> {
+    let mut out = Vec::new();
+    for pair in value.split('&').filter(|p| !p.is_empty()) {
+        let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        let names_bucket = ROUTING_KEYS
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, bucket)| *bucket)
+            .or_else(|| EXTRA_KEYS.contains(&key).then_some(false))
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "bucketmap-sidecar does not know the routing key {key:?} in {REQUEST_PARAMS}"
+                ))
+            })?;
+        if names_bucket {
+            out.push(format!("{key}={}", translate_value(key, raw, t)?));
+        } else {
+            out.push(pair.to_owned());
+        }
+    }
+    Ok(out.join("&"))
+}
+
+/// The headers sent upstream for a request with `headers`.
+pub fn upstream_headers(mut headers: HeaderMap, t: &Translator<'_>) -> Result<HeaderMap, Status> {
+    crate::proxy::strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    // Responses come uncompressed, so that their names can be rewritten.
+    headers.remove("grpc-accept-encoding");
+    headers.remove(header::ACCEPT_ENCODING);
+    headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    let params = HeaderName::from_static(REQUEST_PARAMS);
+    let values: Vec<HeaderValue> = headers.get_all(&params).iter().cloned().collect();
+    headers.remove(&params);
+    for value in values {
+        let text = value.to_str().map_err(|_| {
+            Status::invalid_argument(format!("{REQUEST_PARAMS} is not visible ASCII"))
+        })?;
+        let translated = translate_request_params(text, t)?;
+        let value = HeaderValue::try_from(translated)
+            .map_err(|e| Status::internal(format!("cannot build {REQUEST_PARAMS}: {e}")))?;
+        headers.append(&params, value);
+    }
+    Ok(headers)
+}
+
+/// The response headers sent to the client: hop-by-hop ones dropped.
+pub fn client_headers(mut headers: HeaderMap) -> HeaderMap {
+    crate::proxy::strip_hop_by_hop(&mut headers);
+    headers.remove(header::CONTENT_LENGTH);
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::grpc::Names;
+    use crate::rewrite::Direction;
+    use crate::rewrite::testing::mapping;
+
+    fn names(allow_physical: bool) -> Names {
+        Names {
+            mapping: Arc::new(mapping()),
+            allow_physical,
+        }
+    }
+
+    fn request(value: &str, allow_physical: bool) -> Result<String, Status> {
+        let names = names(allow_physical);
+        translate_request_params(value, &names.translator(Direction::ToPhysical))
+    }
+
+    #[test]
+    fn routing_values_are_translated_in_the_encoding_they_came_in() {
+        let go = request(
+            "bucket=projects/_/buckets/photos&direct_connectivity_diagnostic=no_auth",
+            false,
+        );
+        assert_eq!(
+            go.ok().as_deref(),
+            Some(
+                "bucket=projects/_/buckets/photos-k3x9q2mw&direct_connectivity_diagnostic=no_auth"
+            )
+        );
+        let rust = request("bucket=projects%2F_%2Fbuckets%2Fphotos", false);
+        assert_eq!(
+            rust.ok().as_deref(),
+            Some("bucket=projects%2F_%2Fbuckets%2Fphotos-k3x9q2mw")
+        );
+        let both = request(
+            "source_bucket=projects/_/buckets/photos&bucket=projects/_/buckets/photos&project=projects/p",
+            false,
+        );
+        assert_eq!(
+            both.ok().as_deref(),
+            Some(
+                "source_bucket=projects/_/buckets/photos-k3x9q2mw&bucket=projects/_/buckets/photos-k3x9q2mw&project=projects/p"
+            )
+        );
+    }
+
+    #[test]
+    fn unknown_keys_unmapped_and_physical_names_are_refused() {
+        let code = |v: &str| request(v, false).map_err(|e| e.code()).err();
+        assert_eq!(
+            code("bucket=projects/_/buckets/nope"),
+            Some(tonic::Code::NotFound)
+        );
+        assert_eq!(
+            code("bucket=projects/_/buckets/photos-k3x9q2mw"),
+            Some(tonic::Code::PermissionDenied)
+        );
+        assert_eq!(code("name=photos"), Some(tonic::Code::InvalidArgument));
+        assert_eq!(code("bucket=photos"), Some(tonic::Code::InvalidArgument));
+        assert_eq!(
+            code("bucket=projects/_/buckets/a/b"),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert!(request("bucket=projects/_/buckets/photos-k3x9q2mw", true).is_ok());
+    }
+
+    #[test]
+    fn response_compression_is_not_offered_and_te_is_kept() {
+        let names = names(false);
+        let t = names.translator(Direction::ToPhysical);
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-accept-encoding", HeaderValue::from_static("gzip"));
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(
+            REQUEST_PARAMS,
+            HeaderValue::from_static("bucket=projects/_/buckets/photos"),
+        );
+        let out = upstream_headers(headers, &t).unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.get("grpc-accept-encoding").is_none());
+        assert_eq!(
+            out.get(header::TE).map(|v| v.as_bytes()),
+            Some(&b"trailers"[..])
+        );
+        assert_eq!(
+            out.get(REQUEST_PARAMS).map(|v| v.as_bytes()),
+            Some(&b"bucket=projects/_/buckets/photos-k3x9q2mw"[..])
+        );
+    }
+}

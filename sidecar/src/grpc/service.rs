@@ -1,0 +1,466 @@
+//! One gRPC call through the sidecar: the method looked up in the table
+//! (unknown ones refused), the routing header and the first request message
+//! checked and translated before anything goes upstream, the rest of the
+//! request stream translated message by message (a refused later message
+//! aborts the upstream call), and the response stream translated back, its
+//! status message included.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version, header};
+use http_body::Body;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tonic::{Code, Status};
+
+use super::frame::Message;
+use super::schema::RPCS;
+use super::status::{code_in, code_name, rewrite_status_headers};
+use super::stream::{RewriteBody, Side};
+use super::table::Rpc;
+use super::{Names, headers, status};
+use crate::auth::Auth;
+use crate::body::{BoxError, ProxyBody, boxed, empty};
+use crate::layers::{Rejected, labelled};
+use crate::mapping::MappingStore;
+use crate::metrics::{GrpcLabels, Metrics};
+use crate::rewrite::Direction;
+
+/// The HTTP/2 client of the gRPC upstream: one multiplexed connection pool.
+pub type GrpcClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+
+/// The operation label of gRPC calls in the request log and metrics.
+pub const OPERATION: &str = "grpc";
+
+/// Builds the upstream client: HTTP/2 only (ALPN `h2` over TLS for
+/// https://, prior knowledge for http://), bundled web PKI roots.
+pub fn build_grpc_client(connect_timeout: std::time::Duration) -> anyhow::Result<GrpcClient> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+        .map_err(|e| anyhow::anyhow!("cannot configure TLS for the gRPC upstream: {e}"))?
+        .https_or_http()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .http2_adaptive_window(true)
+        .build(https))
+}
+
+/// Settings of the gRPC path.
+#[derive(Clone, Debug)]
+pub struct GrpcSettings {
+    /// `scheme://authority` of the gRPC upstream.
+    pub upstream: Uri,
+    /// Accept the physical names of mapped buckets in requests.
+    pub allow_physical_names: bool,
+    /// Largest message read to be rewritten, in bytes.
+    pub max_message_bytes: usize,
+}
+
+/// The gRPC path of the sidecar.
+#[derive(Debug)]
+pub struct GrpcProxy {
+    client: GrpcClient,
+    settings: GrpcSettings,
+    mapping: Arc<MappingStore>,
+    metrics: Arc<Metrics>,
+    auth: Arc<Auth>,
+}
+
+/// Where a refused later request message leaves its status for the response.
+#[derive(Clone, Debug, Default)]
+struct Slot(Arc<Mutex<Option<Status>>>);
+
+impl Slot {
+    fn set(&self, status: Status) {
+        if let Ok(mut slot) = self.0.lock() {
+            slot.get_or_insert(status);
+        }
+    }
+
+    fn take(&self) -> Option<Status> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+}
+
+/// Counts a call in `grpc_requests_total` once, when its status is known
+/// (or as CANCELLED when the client goes away first).
+struct Outcome {
+    metrics: Arc<Metrics>,
+    method: &'static str,
+    recorded: bool,
+}
+
+impl Outcome {
+    fn record(&mut self, code: Code) {
+        if !std::mem::replace(&mut self.recorded, true) {
+            let labels = GrpcLabels {
+                method: self.method,
+                code: code_name(code),
+            };
+            self.metrics.grpc_requests.get_or_create(&labels).inc();
+        }
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        self.record(Code::Cancelled);
+    }
+}
+
+/// The stream's `grpc-encoding`, for messages with the compressed flag.
+#[derive(Clone, Debug)]
+enum Compression {
+    Identity,
+    Gzip,
+    Other(String),
+}
+
+impl Compression {
+    fn of(headers: &HeaderMap) -> Self {
+        match headers.get("grpc-encoding").map(|v| v.to_str()) {
+            None => Self::Identity,
+            Some(Ok("identity")) => Self::Identity,
+            Some(Ok("gzip")) => Self::Gzip,
+            Some(other) => Self::Other(other.unwrap_or("(not ASCII)").to_owned()),
+        }
+    }
+
+    fn decode(&self, payload: &[u8], limit: usize) -> Result<Bytes, Status> {
+        match self {
+            Self::Gzip => crate::encoding::gunzip(payload, limit).map_err(|e| {
+                Status::invalid_argument(format!("cannot read a gzip gRPC message: {e}"))
+            }),
+            Self::Identity => Err(Status::invalid_argument(
+                "a compressed gRPC message on a stream without grpc-encoding",
+            )),
+            Self::Other(name) => Err(Status::unimplemented(format!(
+                "bucketmap-sidecar reads gzip gRPC messages only, not grpc-encoding {name}"
+            ))),
+        }
+    }
+}
+
+/// Rewrites the messages of one direction of one call.
+struct Rewriter {
+    names: Arc<Names>,
+    message: Option<usize>,
+    direction: Direction,
+    compression: Compression,
+    limit: usize,
+}
+
+impl Rewriter {
+    fn rewrite(&self, message: Message) -> Result<Message, Status> {
+        let Some(index) = self.message else {
+            return Ok(message);
+        };
+        let payload = if message.compressed {
+            self.compression.decode(&message.payload, self.limit)?
+        } else {
+            message.payload.clone()
+        };
+        let translator = self.names.translator(self.direction);
+        match super::wire::rewrite_message(&payload, index, &translator)? {
+            None => Ok(message),
+            Some(payload) => Ok(Message {
+                compressed: false,
+                payload,
+            }),
+        }
+    }
+}
+
+/// The request direction: a refused message aborts the upstream call and
+/// leaves its status in the slot.
+struct RequestSide {
+    rewriter: Rewriter,
+    failed: Slot,
+}
+
+impl Side for RequestSide {
+    fn message(&mut self, message: Message) -> Result<Message, Status> {
+        self.rewriter.rewrite(message)
+    }
+
+    fn finish(&mut self, trailers: Option<HeaderMap>) -> Result<Option<HeaderMap>, BoxError> {
+        Ok(trailers)
+    }
+
+    fn fail(&mut self, status: Status) -> Result<HeaderMap, BoxError> {
+        let message = status.message().to_owned();
+        self.failed.set(status);
+        Err(message.into())
+    }
+}
+
+/// The response direction: names back to logical, the status rewritten
+/// and counted; a failure (or a refused request message) ends the stream
+/// with a status in the trailers.
+struct ResponseSide {
+    rewriter: Rewriter,
+    failed: Slot,
+    outcome: Outcome,
+}
+
+impl Side for ResponseSide {
+    fn message(&mut self, message: Message) -> Result<Message, Status> {
+        self.rewriter.rewrite(message)
+    }
+
+    fn finish(&mut self, trailers: Option<HeaderMap>) -> Result<Option<HeaderMap>, BoxError> {
+        let Some(mut trailers) = trailers else {
+            let status = Status::internal("the gRPC upstream ended its response without a status");
+            return self.fail(status).map(Some);
+        };
+        if let Some(status) = self.failed.take() {
+            return self.fail(status).map(Some);
+        }
+        self.outcome
+            .record(code_in(&trailers).unwrap_or(Code::Unknown));
+        rewrite_status_headers(&mut trailers, &self.rewriter.names.mapping);
+        Ok(Some(trailers))
+    }
+
+    fn fail(&mut self, status: Status) -> Result<HeaderMap, BoxError> {
+        let status = self.failed.take().unwrap_or(status);
+        self.outcome.record(status.code());
+        Ok(status::trailers(&status))
+    }
+}
+
+/// The method `path` names, if the sidecar knows it.
+pub fn find_rpc(path: &str) -> Option<&'static Rpc> {
+    RPCS.binary_search_by(|rpc| rpc.path.cmp(path))
+        .ok()
+        .map(|i| &RPCS[i])
+}
+
+/// The gRPC code for an HTTP status that is not 200 (gRPC's HTTP to gRPC
+/// status mapping).
+fn code_of_http(status: StatusCode) -> Code {
+    match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502..=504 => Code::Unavailable,
+        _ => Code::Unknown,
+    }
+}
+
+/// A trailers-only answer with `status`, counted.
+fn refuse(mut outcome: Outcome, status: &Status) -> Response<ProxyBody> {
+    outcome.record(status.code());
+    let mut response = labelled(status::response(status), OPERATION);
+    response.extensions_mut().insert(Rejected {
+        reason: code_name(status.code()),
+        message: status.message().to_owned(),
+    });
+    response
+}
+
+impl GrpcProxy {
+    /// The gRPC path forwarding to `settings.upstream` with `client`.
+    pub fn new(
+        client: GrpcClient,
+        settings: GrpcSettings,
+        mapping: Arc<MappingStore>,
+        metrics: Arc<Metrics>,
+        auth: Arc<Auth>,
+    ) -> Self {
+        Self {
+            client,
+            settings,
+            mapping,
+            metrics,
+            auth,
+        }
+    }
+
+    /// Serves one gRPC call.
+    pub async fn call<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError> + std::fmt::Display,
+    {
+        let path = req.uri().path();
+        let Some(rpc) = find_rpc(path) else {
+            let outcome = self.outcome("unknown");
+            let status = Status::unimplemented(format!(
+                "bucketmap-sidecar does not know the gRPC method {path}: it forwards only the \
+                 methods of google.storage.v2.Storage and google.storage.control.v2.StorageControl \
+                 whose bucket names it can rewrite"
+            ));
+            return refuse(outcome, &status);
+        };
+        let outcome = self.outcome(&rpc.path[1..]);
+        let Some(mapping) = self.mapping.current() else {
+            let status = Status::unavailable("bucketmap-sidecar has not loaded its bucket map yet");
+            return refuse(outcome, &status);
+        };
+        let names = Arc::new(Names {
+            mapping,
+            allow_physical: self.settings.allow_physical_names,
+        });
+        let failed = Slot::default();
+        let upstream = match self.upstream_request(rpc, req, &names, &failed).await {
+            Ok(upstream) => upstream,
+            Err(status) => return refuse(outcome, &status),
+        };
+        match self.client.request(upstream).await {
+            Ok(response) => self.response(rpc, response, names, failed, outcome),
+            Err(e) => {
+                let status = failed.take().unwrap_or_else(|| {
+                    Status::unavailable(format!(
+                        "bucketmap-sidecar cannot reach the gRPC upstream {}: {e}",
+                        self.settings.upstream
+                    ))
+                });
+                refuse(outcome, &status)
+            }
+        }
+    }
+
+    fn outcome(&self, method: &'static str) -> Outcome {
+        Outcome {
+            metrics: self.metrics.clone(),
+            method,
+            recorded: false,
+        }
+    }
+
+    fn rewriter(
+        &self,
+        names: &Arc<Names>,
+        message: Option<usize>,
+        direction: Direction,
+        headers: &HeaderMap,
+    ) -> Rewriter {
+        Rewriter {
+            names: names.clone(),
+            message,
+            direction,
+            compression: Compression::of(headers),
+            limit: self.settings.max_message_bytes,
+        }
+    }
+
+    /// The request sent upstream: headers translated, credentials added,
+    /// and the body translated, its first message already checked.
+    async fn upstream_request<B>(
+        &self,
+        rpc: &Rpc,
+        req: Request<B>,
+        names: &Arc<Names>,
+        failed: &Slot,
+    ) -> Result<Request<ProxyBody>, Status>
+    where
+        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError> + std::fmt::Display,
+    {
+        let (parts, body) = req.into_parts();
+        let mut headers =
+            headers::upstream_headers(parts.headers, &names.translator(Direction::ToPhysical))?;
+        self.add_credentials(&mut headers).await?;
+        let body = match rpc.request {
+            None => boxed(body),
+            Some(_) => {
+                let rewriter = self.rewriter(names, rpc.request, Direction::ToPhysical, &headers);
+                let side = RequestSide {
+                    rewriter,
+                    failed: failed.clone(),
+                };
+                let mut body = RewriteBody::new(body, side, self.settings.max_message_bytes);
+                if let Err(e) = body.prime().await {
+                    return Err(failed
+                        .take()
+                        .unwrap_or_else(|| Status::cancelled(e.to_string())));
+                }
+                boxed(body)
+            }
+        };
+        let uri = upstream_uri(&self.settings.upstream, rpc.path)?;
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .version(Version::HTTP_2)
+            .body(body)
+            .map_err(|e| Status::internal(format!("cannot build the upstream request: {e}")))?;
+        *request.headers_mut() = headers;
+        Ok(request)
+    }
+
+    /// Adds the configured credentials unless the call carries its own.
+    async fn add_credentials(&self, headers: &mut HeaderMap) -> Result<(), Status> {
+        if headers.contains_key(header::AUTHORIZATION) {
+            return Ok(());
+        }
+        let extra = self.auth.headers().await.map_err(|detail| {
+            tracing::warn!(error = %detail, "cannot obtain credentials");
+            Status::unavailable(format!(
+                "bucketmap-sidecar cannot obtain credentials for the upstream: {detail}"
+            ))
+        })?;
+        for (name, value) in extra.iter().flatten() {
+            if !headers.contains_key(name) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// The response to the client: headers kept, messages and status translated back.
+    fn response(
+        &self,
+        rpc: &Rpc,
+        response: Response<hyper::body::Incoming>,
+        names: Arc<Names>,
+        failed: Slot,
+        mut outcome: Outcome,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = response.into_parts();
+        if parts.status != StatusCode::OK {
+            let status = Status::new(
+                code_of_http(parts.status),
+                format!("the gRPC upstream answered HTTP {}", parts.status),
+            );
+            return refuse(outcome, &status);
+        }
+        parts.headers = headers::client_headers(parts.headers);
+        if let Some(code) = code_in(&parts.headers) {
+            // Trailers-only: the status is in the headers.
+            rewrite_status_headers(&mut parts.headers, &names.mapping);
+            outcome.record(code);
+            return labelled(Response::from_parts(parts, empty()), OPERATION);
+        }
+        let rewriter = self.rewriter(&names, rpc.response, Direction::ToLogical, &parts.headers);
+        let side = ResponseSide {
+            rewriter,
+            failed,
+            outcome,
+        };
+        let body = RewriteBody::new(body, side, self.settings.max_message_bytes);
+        labelled(Response::from_parts(parts, boxed(body)), OPERATION)
+    }
+}
+
+/// `upstream` (scheme and authority) with the method's path.
+fn upstream_uri(upstream: &Uri, path: &str) -> Result<Uri, Status> {
+    let mut parts = upstream.clone().into_parts();
+    parts.path_and_query = Some(
+        path.parse()
+            .map_err(|e| Status::internal(format!("cannot build the upstream path: {e}")))?,
+    );
+    Uri::from_parts(parts)
+        .map_err(|e| Status::internal(format!("cannot build the upstream URL: {e}")))
+}

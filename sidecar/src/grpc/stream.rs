@@ -1,0 +1,169 @@
+//! A streaming body that rewrites each gRPC message as it passes: data is
+//! read frame by frame (HTTP/2 flow control stays end to end: nothing is
+//! read ahead of what the other side takes), cut into messages, rewritten
+//! one at a time, and sent on as prefix + payload without further copies.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame};
+use tonic::Status;
+
+use super::frame::{Decoder, Message};
+use crate::body::BoxError;
+
+/// What one direction does with its messages and its end.
+pub trait Side: Send + Sync + Unpin + 'static {
+    /// Rewrites one message (or refuses it).
+    fn message(&mut self, message: Message) -> Result<Message, Status>;
+
+    /// The end of the stream, with the trailers received (if any): the
+    /// trailers to send on, or an error to abort the stream with.
+    fn finish(&mut self, trailers: Option<HeaderMap>) -> Result<Option<HeaderMap>, BoxError>;
+
+    /// A refused message or a broken inner stream: trailers that end the
+    /// stream with `status`, or an error to abort it with.
+    fn fail(&mut self, status: Status) -> Result<HeaderMap, BoxError>;
+}
+
+/// See the module documentation.
+pub struct RewriteBody<B, S> {
+    inner: B,
+    side: S,
+    decoder: Decoder,
+    out: VecDeque<Bytes>,
+    messages: u64,
+    done: bool,
+    pending_trailers: Option<HeaderMap>,
+}
+
+impl<B, S> RewriteBody<B, S>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+    S: Side,
+{
+    /// Rewrites the messages of `inner` (none larger than `limit` bytes) with `side`.
+    pub fn new(inner: B, side: S, limit: usize) -> Self {
+        Self {
+            inner,
+            side,
+            decoder: Decoder::new(limit),
+            out: VecDeque::new(),
+            messages: 0,
+            done: false,
+            pending_trailers: None,
+        }
+    }
+
+    /// Reads until the first message is rewritten (or the stream ends), so
+    /// that it is checked before anything is sent on. What it produced is
+    /// sent first by the body.
+    pub async fn prime(&mut self) -> Result<(), BoxError> {
+        let mut primed = VecDeque::new();
+        let result = poll_fn(|cx| {
+            while self.messages == 0 && !self.done {
+                match ready!(self.poll_step(cx)) {
+                    Some(Ok(frame)) => primed.push_back(frame),
+                    Some(Err(e)) => return Poll::Ready(Err(e)),
+                    None => break,
+                }
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await;
+        // Frames of the first message, and the trailers if the stream ended.
+        for frame in primed.into_iter().rev() {
+            match frame.into_data() {
+                Ok(data) => self.out.push_front(data),
+                Err(frame) => self.pending_trailers = frame.into_trailers().ok(),
+            }
+        }
+        result
+    }
+
+    fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            if let Some(chunk) = self.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            if self.done {
+                return Poll::Ready(self.pending_trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            match self.decoder.next_message() {
+                Ok(Some(message)) => {
+                    if let Err(status) = self.rewrite(message) {
+                        return Poll::Ready(Some(self.fail(status)));
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(status) => return Poll::Ready(Some(self.fail(status))),
+            }
+            match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.decoder.push(data),
+                    Err(frame) => return Poll::Ready(self.end(frame.into_trailers().ok())),
+                },
+                Some(Err(e)) => {
+                    let status = Status::unavailable(format!("the stream broke: {e}"));
+                    return Poll::Ready(Some(self.fail(status)));
+                }
+                None => return Poll::Ready(self.end(None)),
+            }
+        }
+    }
+
+    fn rewrite(&mut self, message: Message) -> Result<(), Status> {
+        let message = self.side.message(message)?;
+        self.out.push_back(message.prefix()?);
+        if !message.payload.is_empty() {
+            self.out.push_back(message.payload);
+        }
+        self.messages += 1;
+        Ok(())
+    }
+
+    fn end(&mut self, trailers: Option<HeaderMap>) -> Option<Result<Frame<Bytes>, BoxError>> {
+        self.done = true;
+        if !self.decoder.is_empty() {
+            let status = Status::invalid_argument("the stream ended inside a gRPC message");
+            return Some(self.fail(status));
+        }
+        match self.side.finish(trailers) {
+            Ok(trailers) => trailers.map(|t| Ok(Frame::trailers(t))),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn fail(&mut self, status: Status) -> Result<Frame<Bytes>, BoxError> {
+        self.done = true;
+        self.out.clear();
+        self.side.fail(status).map(Frame::trailers)
+    }
+}
+
+impl<B, S> Body for RewriteBody<B, S>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+    S: Side,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.get_mut().poll_step(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.out.is_empty() && self.pending_trailers.is_none()
+    }
+}
