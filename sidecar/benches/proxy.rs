@@ -54,6 +54,8 @@
 //!    `WriteObject` and one `ReadObject` of `grpc_big` bytes per repetition
 //!    and path, and that sidecar's idle and peak RSS. A sidecar without the
 //!    gRPC path leaves a note instead of the figures.
+//!    `BUCKETMAP_BENCH_GRPC_PHYSICAL=1` sends the physical name through a
+//!    sidecar with `--allow-physical-names` (no name to rewrite).
 //!
 //! With the latency and streaming figures goes the CPU time (from
 //! `/proc/PID/task/*/schedstat`) each path cost: the client's plus the
@@ -1522,6 +1524,7 @@ async fn start_grpc_sidecar(
     upstream: SocketAddr,
     mock: SocketAddr,
     dir: &Path,
+    allow_physical: bool,
 ) -> Result<(Proc, SocketAddr)> {
     let log = dir.join("sidecar-grpc");
     start_on_free_port(
@@ -1531,6 +1534,9 @@ async fn start_grpc_sidecar(
         &log,
         |addr| {
             let mut cmd = Command::new(sidecar_bin());
+            if allow_physical {
+                cmd.arg("--allow-physical-names");
+            }
             cmd.args(["--listen", &addr.to_string()])
                 .args(["--upstream", &format!("http://{upstream}")])
                 .args(["--grpc-upstream", &format!("http://{mock}")])
@@ -1661,6 +1667,8 @@ struct GrpcFigures {
     rates: Vec<(Direction, [Vec<f64>; 2])>,
     idle_rss_kib: u64,
     hwm_kib: u64,
+    /// The sidecar was sent physical names (`BUCKETMAP_BENCH_GRPC_PHYSICAL`).
+    physical: bool,
 }
 
 /// GetObject latency and ReadObject / WriteObject throughput, direct to
@@ -1674,12 +1682,17 @@ async fn grpc_phase(
 ) -> Result<GrpcFigures> {
     let size = settings.grpc_big;
     let mock = start_mock_gcs(size, chunk)?;
-    let (mut sidecar, sidecar_addr) = start_grpc_sidecar(client, upstream, mock, dir).await?;
+    let physical = std::env::var_os("BUCKETMAP_BENCH_GRPC_PHYSICAL").is_some_and(|v| v != "0");
+    let (mut sidecar, sidecar_addr) =
+        start_grpc_sidecar(client, upstream, mock, dir, physical).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
     let mut paths = [
         (grpc_client(mock)?, PHYSICAL),
-        (grpc_client(sidecar_addr)?, LOGICAL),
+        (
+            grpc_client(sidecar_addr)?,
+            if physical { PHYSICAL } else { LOGICAL },
+        ),
     ];
     eprintln!(
         "[grpc] GetObject: {} calls per path in blocks of {GRPC_BLOCK}, closed loop",
@@ -1740,6 +1753,7 @@ async fn grpc_phase(
         rates,
         idle_rss_kib,
         hwm_kib,
+        physical,
     })
 }
 
@@ -1751,6 +1765,12 @@ impl GrpcFigures {
             self.calls,
             self.size / MIB
         );
+        if self.physical {
+            let _ = writeln!(
+                out,
+                "Via the sidecar with `--allow-physical-names`, physical names: no name was rewritten.\n"
+            );
+        }
         let _ = writeln!(out, "| GetObject | p50 | p90 | p99 | max |");
         let _ = writeln!(out, "|---|---|---|---|---|");
         let [direct, via] = &self.latencies;
