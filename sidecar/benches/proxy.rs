@@ -8,7 +8,7 @@
 //! cargo bench -p bucketmap-sidecar --bench proxy
 //! BUCKETMAP_BENCH_QUICK=1 cargo bench -p bucketmap-sidecar --bench proxy   # smoke run, small sizes
 //! BUCKETMAP_BENCH_SIDECAR_BIN=/path/to/bucketmap-sidecar cargo bench ...    # another build
-//! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,streaming,memory,instructions
+//! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,streaming,memory,instructions,grpc
 //! BUCKETMAP_SIDECAR_WORKER_THREADS=2 cargo bench ...    # the sidecar on two threads
 //! ```
 //!
@@ -46,7 +46,16 @@
 //!    with the aggregate throughput of those streams direct and proxied;
 //! 4. instructions per metadata request through the relay and the sidecar,
 //!    counted by callgrind (skipped with a note without valgrind): the one
-//!    figure the machine's load does not move.
+//!    figure the machine's load does not move;
+//! 5. gRPC (`google.storage.v2` over h2c): the in-repo mock GCS in this
+//!    process (own thread and runtime) directly and through a sidecar with
+//!    `--grpc-upstream` pointing at it: unary `GetObject` latency
+//!    percentiles (closed loop, the paths taking turns in blocks), one
+//!    `WriteObject` and one `ReadObject` of `grpc_big` bytes per repetition
+//!    and path, and that sidecar's idle and peak RSS. A sidecar without the
+//!    gRPC path leaves a note instead of the figures.
+//!    `BUCKETMAP_BENCH_GRPC_PHYSICAL=1` sends the physical name through a
+//!    sidecar with `--allow-physical-names` (no name to rewrite).
 //!
 //! With the latency and streaming figures goes the CPU time (from
 //! `/proc/PID/task/*/schedstat`) each path cost: the client's plus the
@@ -82,6 +91,9 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use bucketmap_testkit::mock_gcs::{MockGcs, proto};
+use proto::storage_client::StorageClient;
 
 const SIDECAR_BIN: &str = env!("CARGO_BIN_EXE_bucketmap-sidecar");
 
@@ -127,22 +139,27 @@ struct Settings {
     streams: usize,
     /// Bytes per concurrent stream.
     stream_size: u64,
-    /// Phases to run (`BUCKETMAP_BENCH_PHASES=latency,streaming,memory,instructions`,
+    /// Unary gRPC GetObject calls per path (closed loop).
+    grpc_calls: u32,
+    /// Size of the gRPC ReadObject and WriteObject transfers.
+    grpc_big: u64,
+    /// Phases to run (`BUCKETMAP_BENCH_PHASES=latency,streaming,memory,instructions,grpc`,
     /// all by default).
     latency: bool,
     streaming: bool,
     memory: bool,
     instructions: bool,
+    grpc: bool,
 }
 
 impl Settings {
     fn from_env() -> Self {
         let quick = std::env::var_os("BUCKETMAP_BENCH_QUICK").is_some_and(|v| v != "0");
         let phases = std::env::var("BUCKETMAP_BENCH_PHASES")
-            .unwrap_or_else(|_| "latency,streaming,memory,instructions".into());
+            .unwrap_or_else(|_| "latency,streaming,memory,instructions,grpc".into());
         let phase = |name: &str| phases.split(',').any(|p| p.trim() == name);
         let (latency, streaming, memory) = (phase("latency"), phase("streaming"), phase("memory"));
-        let instructions = phase("instructions");
+        let (instructions, grpc) = (phase("instructions"), phase("grpc"));
         if quick {
             Settings {
                 rate: 500,
@@ -151,6 +168,8 @@ impl Settings {
                 warmup: 50,
                 big: 32 * MIB,
                 fake_big: 32 * MIB,
+                grpc_calls: 400,
+                grpc_big: 32 * MIB,
                 reps: 1,
                 streams: 64,
                 stream_size: 2 * MIB,
@@ -158,6 +177,7 @@ impl Settings {
                 streaming,
                 memory,
                 instructions,
+                grpc,
             }
         } else {
             Settings {
@@ -167,6 +187,8 @@ impl Settings {
                 warmup: 200,
                 big: 256 * MIB,
                 fake_big: 256 * MIB,
+                grpc_calls: 2000,
+                grpc_big: 256 * MIB,
                 reps: 5,
                 streams: 64,
                 stream_size: 16 * MIB,
@@ -174,6 +196,7 @@ impl Settings {
                 streaming,
                 memory,
                 instructions,
+                grpc,
             }
         }
     }
@@ -1410,6 +1433,406 @@ fn callgrind_available() -> bool {
 }
 
 // ---------------------------------------------------------------------------
+// gRPC: google.storage.v2 over h2c, the in-repo mock GCS direct and via the sidecar
+
+/// The generated `google.storage.v2.Storage` client over a plain hyper h2c
+/// client (no tonic `Channel`: nothing between the call and the wire but
+/// what any gRPC client does).
+type GrpcClient = StorageClient<Client<HttpConnector, tonic::body::Body>>;
+/// Bytes per WriteObject data message and per mock read chunk.
+const GRPC_CHUNK: usize = 2 * MIB as usize;
+/// Unary calls per block; the blocks alternate between the paths.
+const GRPC_BLOCK: u32 = 100;
+
+fn grpc_client(addr: SocketAddr) -> Result<GrpcClient> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let transport = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(connector);
+    let origin: Uri = format!("http://{addr}").parse()?;
+    Ok(StorageClient::with_origin(transport, origin)
+        .max_decoding_message_size(4 * GRPC_CHUNK)
+        .max_encoding_message_size(4 * GRPC_CHUNK))
+}
+
+/// `message` with the routing header Google's clients send for `bucket`.
+fn routed<T>(message: T, bucket: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Ok(value) = format!("bucket=projects%2F_%2Fbuckets%2F{bucket}").parse() {
+        request
+            .metadata_mut()
+            .insert("x-goog-request-params", value);
+    }
+    request
+}
+
+fn grpc_bucket(bucket: &str) -> String {
+    format!("projects/_/buckets/{bucket}")
+}
+
+/// The mock GCS on its own thread and single-threaded runtime (as the HTTP
+/// upstream), holding the physical bucket, object `x` (595 bytes) and
+/// object `big` (`size` bytes). Serves until the bench exits.
+fn start_mock_gcs(size: u64, chunk: &Bytes) -> Result<SocketAddr> {
+    let mut data = Vec::with_capacity(usize::try_from(size)?);
+    while (data.len() as u64) < size {
+        data.extend_from_slice(chunk);
+    }
+    data.truncate(usize::try_from(size)?);
+    let (tx, rx) = std::sync::mpsc::channel::<Result<SocketAddr>>();
+    std::thread::Builder::new()
+        .name("bench-mock-gcs".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("mock GCS runtime");
+            runtime.block_on(async move {
+                let started = async {
+                    let mock = MockGcs::start().await?;
+                    let handle = mock.handle();
+                    let bucket = proto::Bucket {
+                        bucket_id: PHYSICAL.to_owned(),
+                        ..Default::default()
+                    };
+                    handle.insert_bucket("bench", bucket)?;
+                    handle.put_object_data(PHYSICAL, "x", vec![b'x'; 595])?;
+                    handle.put_object_data(PHYSICAL, "big", data)?;
+                    anyhow::Ok(mock)
+                };
+                match started.await {
+                    Ok(mock) => {
+                        let _ = tx.send(Ok(mock.addr()));
+                        std::future::pending::<()>().await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            });
+        })
+        .context("cannot start the mock GCS thread")?;
+    rx.recv()
+        .context("the mock GCS thread ended before it started")?
+}
+
+/// Starts the sidecar with its gRPC upstream the mock at `mock` (the HTTP
+/// upstream is the in-process one, unused here).
+async fn start_grpc_sidecar(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    mock: SocketAddr,
+    dir: &Path,
+    allow_physical: bool,
+) -> Result<(Proc, SocketAddr)> {
+    let log = dir.join("sidecar-grpc");
+    start_on_free_port(
+        client,
+        "bucketmap-sidecar",
+        "/_bucketmap/readyz",
+        &log,
+        |addr| {
+            let mut cmd = Command::new(sidecar_bin());
+            if allow_physical {
+                cmd.arg("--allow-physical-names");
+            }
+            cmd.args(["--listen", &addr.to_string()])
+                .args(["--upstream", &format!("http://{upstream}")])
+                .args(["--grpc-upstream", &format!("http://{mock}")])
+                .arg("--no-auth")
+                .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1");
+            cmd
+        },
+    )
+    .await
+}
+
+/// One unary GetObject of `x`: its latency, after checking the answer
+/// names `bucket` (so the sidecar's answers really were rewritten).
+async fn grpc_get(client: &mut GrpcClient, bucket: &str) -> Result<Duration> {
+    let request = proto::GetObjectRequest {
+        bucket: grpc_bucket(bucket),
+        object: "x".into(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let object = tokio::time::timeout(METADATA_TIMEOUT, client.get_object(routed(request, bucket)))
+        .await
+        .map_err(|_| anyhow!("GetObject timed out after {METADATA_TIMEOUT:?}"))??
+        .into_inner();
+    let elapsed = started.elapsed();
+    if object.bucket != grpc_bucket(bucket) || object.size != 595 {
+        bail!(
+            "GetObject answered {} ({} bytes)",
+            object.bucket,
+            object.size
+        );
+    }
+    Ok(elapsed)
+}
+
+/// One ReadObject of `big`, every byte counted; the time to the last one.
+async fn grpc_read(client: &mut GrpcClient, bucket: &str, size: u64) -> Result<Duration> {
+    let request = proto::ReadObjectRequest {
+        bucket: grpc_bucket(bucket),
+        object: "big".into(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let work = async {
+        let mut stream = client
+            .read_object(routed(request, bucket))
+            .await?
+            .into_inner();
+        let mut received = 0u64;
+        while let Some(message) = stream.message().await? {
+            if let Some(data) = message.checksummed_data {
+                received += data.content.len() as u64;
+            }
+        }
+        anyhow::Ok(received)
+    };
+    let received = tokio::time::timeout(STREAM_TIMEOUT, work)
+        .await
+        .map_err(|_| anyhow!("ReadObject timed out after {STREAM_TIMEOUT:?}"))??;
+    if received != size {
+        bail!("ReadObject got {received} bytes, expected {size}");
+    }
+    Ok(started.elapsed())
+}
+
+/// One WriteObject of `size` bytes in 2 MiB messages, generated as the
+/// transport asks for them; the time to the answer.
+async fn grpc_write(
+    client: &mut GrpcClient,
+    bucket: &str,
+    size: u64,
+    chunk: &Bytes,
+) -> Result<Duration> {
+    use proto::write_object_request::{Data, FirstMessage};
+    let spec = proto::WriteObjectSpec {
+        resource: Some(proto::Object {
+            name: "written".into(),
+            bucket: grpc_bucket(bucket),
+            ..Default::default()
+        }),
+        object_size: i64::try_from(size).ok(),
+        ..Default::default()
+    };
+    let message: Vec<u8> = chunk.iter().copied().cycle().take(GRPC_CHUNK).collect();
+    let count = size.div_ceil(GRPC_CHUNK as u64);
+    let messages = futures::stream::iter((0..count).map(move |i| {
+        let offset = i * GRPC_CHUNK as u64;
+        let len = (size - offset).min(GRPC_CHUNK as u64) as usize;
+        proto::WriteObjectRequest {
+            write_offset: offset as i64,
+            first_message: (i == 0).then(|| FirstMessage::WriteObjectSpec(spec.clone())),
+            data: Some(Data::ChecksummedData(proto::ChecksummedData {
+                content: message[..len].to_vec(),
+                crc32c: None,
+            })),
+            finish_write: i + 1 == count,
+            ..Default::default()
+        }
+    }));
+    let started = Instant::now();
+    let response = tokio::time::timeout(
+        STREAM_TIMEOUT,
+        client.write_object(routed(messages, bucket)),
+    )
+    .await
+    .map_err(|_| anyhow!("WriteObject timed out after {STREAM_TIMEOUT:?}"))??
+    .into_inner();
+    let elapsed = started.elapsed();
+    match response.write_status {
+        Some(proto::write_object_response::WriteStatus::Resource(object))
+            if object.size as u64 == size && object.bucket == grpc_bucket(bucket) =>
+        {
+            Ok(elapsed)
+        }
+        other => bail!("WriteObject answered {other:?}"),
+    }
+}
+
+/// The gRPC figures: direct to the mock GCS, and via the sidecar.
+struct GrpcFigures {
+    calls: u32,
+    size: u64,
+    /// Unary GetObject latency, direct and via the sidecar.
+    latencies: [Latencies; 2],
+    /// MiB/s per repetition, direct and via the sidecar, per direction.
+    rates: Vec<(Direction, [Vec<f64>; 2])>,
+    idle_rss_kib: u64,
+    hwm_kib: u64,
+    /// The sidecar was sent physical names (`BUCKETMAP_BENCH_GRPC_PHYSICAL`).
+    physical: bool,
+}
+
+/// GetObject latency and ReadObject / WriteObject throughput, direct to
+/// the mock GCS and via a sidecar of its own, the paths taking turns.
+async fn grpc_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+    chunk: &Bytes,
+) -> Result<GrpcFigures> {
+    let size = settings.grpc_big;
+    let mock = start_mock_gcs(size, chunk)?;
+    let physical = std::env::var_os("BUCKETMAP_BENCH_GRPC_PHYSICAL").is_some_and(|v| v != "0");
+    let (mut sidecar, sidecar_addr) =
+        start_grpc_sidecar(client, upstream, mock, dir, physical).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
+    let mut paths = [
+        (grpc_client(mock)?, PHYSICAL),
+        (
+            grpc_client(sidecar_addr)?,
+            if physical { PHYSICAL } else { LOGICAL },
+        ),
+    ];
+    eprintln!(
+        "[grpc] GetObject: {} calls per path in blocks of {GRPC_BLOCK}, closed loop",
+        settings.grpc_calls
+    );
+    for (client, bucket) in &mut paths {
+        for _ in 0..GRPC_BLOCK {
+            grpc_get(client, bucket).await?;
+        }
+    }
+    let mut samples: [Vec<Duration>; 2] = Default::default();
+    for block in 0..settings.grpc_calls.div_ceil(GRPC_BLOCK) as usize {
+        for turn in 0..2 {
+            let index = (block + turn) % 2;
+            let (client, bucket) = &mut paths[index];
+            for _ in 0..GRPC_BLOCK {
+                samples[index].push(grpc_get(client, bucket).await?);
+            }
+        }
+    }
+    let latencies = samples.map(|s| Latencies::new(s, Vec::new(), Vec::new()));
+    let mut rates = Vec::new();
+    for direction in [Direction::Upload, Direction::Download] {
+        let what = match direction {
+            Direction::Upload => "WriteObject",
+            Direction::Download => "ReadObject",
+        };
+        eprintln!(
+            "[grpc] {what} of {} MiB, {} repetition(s) per path",
+            size / MIB,
+            settings.reps
+        );
+        let mut per_path: [Vec<f64>; 2] = Default::default();
+        for rep in 0..settings.reps as usize {
+            for turn in 0..2 {
+                let index = (rep + turn) % 2;
+                let (client, bucket) = &mut paths[index];
+                let elapsed = match direction {
+                    Direction::Upload => grpc_write(client, bucket, size, chunk).await?,
+                    Direction::Download => grpc_read(client, bucket, size).await?,
+                };
+                let rate = mib_per_s(size, elapsed);
+                eprintln!(
+                    "  {what} {}: {rate:.0} MiB/s ({elapsed:.2?})",
+                    ["direct", "sidecar"][index]
+                );
+                per_path[index].push(rate);
+            }
+        }
+        rates.push((direction, per_path));
+    }
+    sidecar.check_running()?;
+    let (_, hwm_kib) = memory_kib(sidecar.pid())?;
+    Ok(GrpcFigures {
+        calls: settings.grpc_calls.div_ceil(GRPC_BLOCK) * GRPC_BLOCK,
+        size,
+        latencies,
+        rates,
+        idle_rss_kib,
+        hwm_kib,
+        physical,
+    })
+}
+
+impl GrpcFigures {
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\n### gRPC (google.storage.v2 over h2c, the in-repo mock GCS)\n\nThe mock runs in the bench process on its own thread; the client is the generated tonic client over hyper h2c. Unary `GetObject` of a 595-byte object: {} sequential calls per path (closed loop) in blocks of {GRPC_BLOCK}, the paths taking turns. `WriteObject` (2 MiB messages) and `ReadObject` (the mock's 2 MiB chunks) of {} MiB: median MiB/s (range) of the repetitions. Ratios are via the sidecar against direct.\n",
+            self.calls,
+            self.size / MIB
+        );
+        if self.physical {
+            let _ = writeln!(
+                out,
+                "Via the sidecar with `--allow-physical-names`, physical names: no name was rewritten.\n"
+            );
+        }
+        let _ = writeln!(out, "| GetObject | p50 | p90 | p99 | max |");
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        let [direct, via] = &self.latencies;
+        for (label, lat) in [("direct", direct), ("via sidecar", via)] {
+            let mut row = format!("| {label} |");
+            for p in [50.0, 90.0, 99.0] {
+                let value = lat.percentile(p);
+                let _ = write!(row, " {}", fmt_duration(value));
+                if std::ptr::eq(lat, via) {
+                    let base = direct.percentile(p);
+                    let _ = write!(
+                        row,
+                        " ({:.2}×, {})",
+                        ratio(value.as_secs_f64(), base.as_secs_f64()),
+                        fmt_added(value, base)
+                    );
+                }
+                row.push_str(" |");
+            }
+            let _ = writeln!(out, "{row} {} |", fmt_duration(lat.max()));
+        }
+        let _ = writeln!(
+            out,
+            "\n| transfer | direct | via sidecar | ratio | target ≥ {:.0} % |",
+            TARGET_THROUGHPUT_RATIO * 100.0
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for (direction, rates) in &self.rates {
+            let what = match direction {
+                Direction::Upload => "WriteObject",
+                Direction::Download => "ReadObject",
+            };
+            let cell = |values: &[f64]| {
+                let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = values.iter().copied().fold(0.0, f64::max);
+                if values.len() > 1 {
+                    format!("{:.0} MiB/s ({lo:.0}–{hi:.0})", median(values))
+                } else {
+                    format!("{:.0} MiB/s", median(values))
+                }
+            };
+            let r = ratio(median(&rates[1]), median(&rates[0]));
+            let _ = writeln!(
+                out,
+                "| {what} {} MiB | {} | {} | {:.1} % | {} |",
+                self.size / MIB,
+                cell(&rates[0]),
+                cell(&rates[1]),
+                r * 100.0,
+                verdict(r >= TARGET_THROUGHPUT_RATIO)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nThe gRPC sidecar's RSS: {} idle, peak (`VmHWM`) {} after all of the above.",
+            mib(self.idle_rss_kib),
+            mib(self.hwm_kib)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Report
 
 fn command_output(program: &str, args: &[&str]) -> Option<String> {
@@ -1442,6 +1865,7 @@ struct Report {
     streams: Vec<StreamFigures>,
     memory: Option<MemoryFigures>,
     instructions: Option<InstructionFigures>,
+    grpc: Option<GrpcFigures>,
     main_sidecar_hwm_kib: Option<u64>,
     notes: Vec<String>,
 }
@@ -1650,6 +2074,9 @@ impl Report {
                 ratio(counts.sidecar as f64, counts.relay as f64)
             );
         }
+        if let Some(grpc) = &self.grpc {
+            grpc.render(&mut out);
+        }
         if let Some(hwm) = self.main_sidecar_hwm_kib {
             let _ = writeln!(
                 out,
@@ -1756,6 +2183,7 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
         streams: Vec::new(),
         memory: None,
         instructions: None,
+        grpc: None,
         main_sidecar_hwm_kib: None,
         notes: Vec::new(),
     };
@@ -1808,6 +2236,16 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
                 "valgrind (callgrind) is not installed: no instruction counts (apt install valgrind)."
                     .into(),
             );
+        }
+    }
+
+    // gRPC, direct to the mock GCS and via the sidecar.
+    if settings.grpc {
+        match grpc_phase(&settings, &client, upstream, dir, &chunk).await {
+            Ok(figures) => report.grpc = Some(figures),
+            Err(e) => report.notes.push(format!(
+                "the gRPC phase failed, its figures are missing: {e:#}"
+            )),
         }
     }
 

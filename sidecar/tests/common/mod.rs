@@ -6,6 +6,7 @@
 
 pub mod checks;
 pub mod grpc_clients;
+pub mod grpc_raw;
 pub mod grpc_world;
 pub mod http;
 pub mod mapping_dir;
