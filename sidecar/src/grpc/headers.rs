@@ -5,6 +5,7 @@
 //! for responses (so that their messages can be read and rewritten).
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
@@ -102,6 +103,41 @@ pub fn upstream_headers(mut headers: HeaderMap, t: &Translator<'_>) -> Result<He
     Ok(headers)
 }
 
+/// The call's deadline from `grpc-timeout` (1 to 8 digits and a unit:
+/// `H`ours, `M`inutes, `S`econds, `m`illi-, `u` micro-, `n` nanoseconds),
+/// which the sidecar enforces itself as well as forwarding it.
+pub fn deadline(headers: &HeaderMap) -> Result<Option<Duration>, Status> {
+    let Some(value) = headers.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let invalid = || {
+        Status::invalid_argument(format!(
+            "grpc-timeout {value:?} is not 1 to 8 digits and a unit (H, M, S, m, u, n)"
+        ))
+    };
+    let text = value.to_str().map_err(|_| invalid())?;
+    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid());
+    }
+    let n: u64 = digits.parse().map_err(|_| invalid())?;
+    let duration = match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return Err(invalid()),
+    };
+    Ok(Some(duration))
+}
+
+/// The status of a call whose deadline passed in the sidecar.
+pub fn deadline_exceeded() -> Status {
+    Status::deadline_exceeded("the call's deadline (grpc-timeout) passed")
+}
+
 /// The response headers sent to the client: hop-by-hop ones dropped.
 pub fn client_headers(mut headers: HeaderMap) -> HeaderMap {
     crate::proxy::strip_hop_by_hop(&mut headers);
@@ -177,6 +213,25 @@ mod tests {
             Some(tonic::Code::InvalidArgument)
         );
         assert!(request("bucket=projects/_/buckets/photos-k3x9q2mw", true).is_ok());
+    }
+
+    #[test]
+    fn deadlines_are_read_in_every_unit_and_bad_ones_refused() {
+        let at = |v: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("grpc-timeout", HeaderValue::from_static(v));
+            deadline(&headers).map_err(|e| e.code())
+        };
+        assert_eq!(at("2H"), Ok(Some(Duration::from_secs(7200))));
+        assert_eq!(at("3M"), Ok(Some(Duration::from_secs(180))));
+        assert_eq!(at("30S"), Ok(Some(Duration::from_secs(30))));
+        assert_eq!(at("99999999m"), Ok(Some(Duration::from_millis(99_999_999))));
+        assert_eq!(at("5u"), Ok(Some(Duration::from_micros(5))));
+        assert_eq!(at("7n"), Ok(Some(Duration::from_nanos(7))));
+        for bad in ["", "S", "123456789S", "10s", "-1S", "1.5S", "10"] {
+            assert_eq!(at(bad), Err(tonic::Code::InvalidArgument), "{bad:?}");
+        }
+        assert_eq!(deadline(&HeaderMap::new()).ok(), Some(None));
     }
 
     #[test]

@@ -52,7 +52,6 @@ pub fn build_grpc_client(
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
         .http2_only(true)
-        .http2_adaptive_window(true)
         .build(https))
 }
 
@@ -199,9 +198,10 @@ impl Side for RequestSide {
     }
 
     fn fail(&mut self, status: Status) -> Result<HeaderMap, BoxError> {
-        let message = status.message().to_owned();
         self.failed.set(status);
-        Err(message.into())
+        // hyper resets the upstream stream with the reason it finds in the
+        // error: CANCEL, as a gRPC client cancelling a call sends.
+        Err(Box::new(h2::Error::from(h2::Reason::CANCEL)))
     }
 }
 
@@ -321,23 +321,45 @@ impl GrpcProxy {
             mapping,
             allow_physical: self.settings.allow_physical_names,
         });
-        let failed = Slot::default();
-        let upstream = match self.upstream_request(rpc, req, &names, &failed).await {
-            Ok(upstream) => upstream,
+        let deadline = match headers::deadline(req.headers()) {
+            Ok(deadline) => deadline.map(|d| tokio::time::Instant::now() + d),
             Err(status) => return refuse(outcome, &status),
         };
-        match self.client.request(upstream).await {
-            Ok(response) => self.response(rpc, response, names, failed, outcome),
-            Err(e) => {
-                let status = failed.take().unwrap_or_else(|| {
-                    Status::unavailable(format!(
-                        "bucketmap-sidecar cannot reach the gRPC upstream {}: {e}",
-                        self.settings.upstream
-                    ))
-                });
-                refuse(outcome, &status)
-            }
+        let failed = Slot::default();
+        let forwarded = self.forward(rpc, req, &names, &failed);
+        let answered = match deadline {
+            Some(at) => tokio::time::timeout_at(at, forwarded)
+                .await
+                .unwrap_or_else(|_| Err(headers::deadline_exceeded())),
+            None => forwarded.await,
+        };
+        match answered {
+            Ok(response) => self.response(rpc, response, names, failed, outcome, deadline),
+            Err(status) => refuse(outcome, &status),
         }
+    }
+
+    /// Sends the call upstream; its response head.
+    async fn forward<B>(
+        &self,
+        rpc: &Rpc,
+        req: Request<B>,
+        names: &Arc<Names>,
+        failed: &Slot,
+    ) -> Result<Response<hyper::body::Incoming>, Status>
+    where
+        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError> + std::fmt::Display,
+    {
+        let upstream = self.upstream_request(rpc, req, names, failed).await?;
+        self.client.request(upstream).await.map_err(|e| {
+            failed.take().unwrap_or_else(|| {
+                Status::unavailable(format!(
+                    "bucketmap-sidecar cannot reach the gRPC upstream {}: {e}",
+                    self.settings.upstream
+                ))
+            })
+        })
     }
 
     fn outcome(&self, method: &'static str) -> Outcome {
@@ -436,6 +458,7 @@ impl GrpcProxy {
         names: Arc<Names>,
         failed: Slot,
         mut outcome: Outcome,
+        deadline: Option<tokio::time::Instant>,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = response.into_parts();
         if parts.status != StatusCode::OK {
@@ -458,7 +481,8 @@ impl GrpcProxy {
             failed,
             outcome,
         };
-        let body = RewriteBody::new(body, side, self.settings.max_message_bytes);
+        let body =
+            RewriteBody::new(body, side, self.settings.max_message_bytes).with_deadline(deadline);
         labelled(Response::from_parts(parts, boxed(body)), OPERATION)
     }
 }

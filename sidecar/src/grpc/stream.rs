@@ -4,7 +4,7 @@
 //! one at a time, and sent on as prefix + payload without further copies.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{Future as _, poll_fn};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -39,6 +39,7 @@ pub struct RewriteBody<B, S> {
     messages: u64,
     done: bool,
     pending_trailers: Option<HeaderMap>,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<B, S> RewriteBody<B, S>
@@ -57,7 +58,14 @@ where
             messages: 0,
             done: false,
             pending_trailers: None,
+            deadline: None,
         }
+    }
+
+    /// Ends the stream with DEADLINE_EXCEEDED (through [`Side::fail`]) at `at`.
+    pub fn with_deadline(mut self, at: Option<tokio::time::Instant>) -> Self {
+        self.deadline = at.map(|at| Box::pin(tokio::time::sleep_until(at)));
+        self
     }
 
     /// Reads until the first message is rewritten (or the stream ends), so
@@ -103,6 +111,12 @@ where
                 }
                 Ok(None) => {}
                 Err(status) => return Poll::Ready(Some(self.fail(status))),
+            }
+            if let Some(deadline) = self.deadline.as_mut()
+                && deadline.as_mut().poll(cx).is_ready()
+            {
+                let status = super::headers::deadline_exceeded();
+                return Poll::Ready(Some(self.fail(status)));
             }
             match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
