@@ -48,16 +48,12 @@ pub fn build_client(
     pool_idle_timeout: Duration,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<HttpClient> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
-        .wrap_connector(http);
+        .wrap_connector(tcp_connector(connect_timeout));
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool_idle_timeout)
         // hyper lets each upstream connection's read buffer grow to ~400 KiB;
@@ -65,6 +61,16 @@ pub fn build_client(
         // 64 KiB keeps streaming throughput and bounds it (benches/proxy.rs).
         .http1_max_buf_size(64 * 1024)
         .build(https))
+}
+
+/// The TCP side of the upstream clients' connectors: https:// URLs allowed
+/// (TLS is layered on top), `connect_timeout`, no Nagle delay.
+pub fn tcp_connector(connect_timeout: Duration) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http
 }
 
 /// Behaviour switches of the proxy.

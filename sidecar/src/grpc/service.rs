@@ -41,15 +41,11 @@ pub fn build_grpc_client(
     connect_timeout: std::time::Duration,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<GrpcClient> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http2()
-        .wrap_connector(http);
+        .wrap_connector(crate::proxy::tcp_connector(connect_timeout));
     Ok(Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build(https))

@@ -20,10 +20,10 @@ use bucketmap_sidecar::body::{BoxError, ProxyBody, boxed};
 
 use super::harness::*;
 
-const GET_OBJECT: &str = "/google.storage.v2.Storage/GetObject";
+pub(crate) const GET_OBJECT: &str = "/google.storage.v2.Storage/GetObject";
 const WRITE_OBJECT: &str = "/google.storage.v2.Storage/WriteObject";
 
-fn framed(message: &impl prost::Message) -> Bytes {
+pub(crate) fn framed(message: &impl prost::Message) -> Bytes {
     let payload = message.encode_to_vec();
     let mut out = BytesMut::with_capacity(payload.len() + 5);
     out.put_u8(0);
@@ -33,7 +33,7 @@ fn framed(message: &impl prost::Message) -> Bytes {
 }
 
 /// The payloads of the gRPC messages in `data`.
-fn messages(mut data: &[u8]) -> Vec<Bytes> {
+pub(crate) fn messages(mut data: &[u8]) -> Vec<Bytes> {
     let mut out = Vec::new();
     while data.len() >= 5 {
         let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
@@ -43,7 +43,7 @@ fn messages(mut data: &[u8]) -> Vec<Bytes> {
     out
 }
 
-fn grpc_request(path: &str, version: Version, body: ProxyBody) -> Request<ProxyBody> {
+pub(crate) fn grpc_request(path: &str, version: Version, body: ProxyBody) -> Request<ProxyBody> {
     let mut req = Request::new(body);
     *req.method_mut() = Method::POST;
     *req.version_mut() = version;
@@ -61,21 +61,21 @@ fn grpc_request(path: &str, version: Version, body: ProxyBody) -> Request<ProxyB
     req
 }
 
-fn h2c() -> Client<hyper_util::client::legacy::connect::HttpConnector, ProxyBody> {
+pub(crate) fn h2c() -> Client<hyper_util::client::legacy::connect::HttpConnector, ProxyBody> {
     Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http()
 }
 
 /// What a gRPC answer carried: status code, message, payloads.
-struct GrpcAnswer {
-    headers: HeaderMap,
-    code: Option<i32>,
-    message: String,
-    payloads: Vec<Bytes>,
+pub(crate) struct GrpcAnswer {
+    pub headers: HeaderMap,
+    pub code: Option<i32>,
+    pub message: String,
+    pub payloads: Vec<Bytes>,
 }
 
-async fn call(sidecar: &Sidecar, mut req: Request<ProxyBody>) -> GrpcAnswer {
+pub(crate) async fn call(sidecar: &Sidecar, mut req: Request<ProxyBody>) -> GrpcAnswer {
     let uri = format!("http://{}{}", sidecar.addr, req.uri().path());
     *req.uri_mut() = uri.parse().expect("a URL");
     let response = h2c().request(req).await.expect("an answer");
@@ -105,11 +105,11 @@ async fn call(sidecar: &Sidecar, mut req: Request<ProxyBody>) -> GrpcAnswer {
 }
 
 /// The request bodies an upstream read, or the errors that ended them.
-type Bodies = Arc<Mutex<Vec<Result<Bytes, String>>>>;
+pub(crate) type Bodies = Arc<Mutex<Vec<Result<Bytes, String>>>>;
 
 /// An upstream answering `reply` (and `trailers`) to every call, keeping
 /// the request bodies it read (or the error that ended them).
-fn grpc_upstream(reply: Bytes, trailers: HeaderMap) -> (Handler, Bodies) {
+pub(crate) fn grpc_upstream(reply: Bytes, trailers: HeaderMap) -> (Handler, Bodies) {
     let bodies = Arc::new(Mutex::new(Vec::new()));
     let kept = bodies.clone();
     let handler = handler(move |req: Request<Incoming>| {
@@ -133,7 +133,7 @@ fn grpc_upstream(reply: Bytes, trailers: HeaderMap) -> (Handler, Bodies) {
     (handler, bodies)
 }
 
-fn ok_trailers(message: &str) -> HeaderMap {
+pub(crate) fn ok_trailers(message: &str) -> HeaderMap {
     let mut t = HeaderMap::new();
     t.insert("grpc-status", HeaderValue::from_static("0"));
     t.insert(
@@ -164,7 +164,7 @@ async fn grpc_over_http1_is_refused_and_not_forwarded() {
     assert!(upstream.seen().is_empty() && bodies.lock().expect("lock").is_empty());
 }
 
-fn full_body(bytes: Bytes) -> ProxyBody {
+pub(crate) fn full_body(bytes: Bytes) -> ProxyBody {
     bucketmap_sidecar::body::full(bytes)
 }
 

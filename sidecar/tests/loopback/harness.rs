@@ -41,6 +41,7 @@ pub type Handler = Arc<
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub target: String,
+    pub version: http::Version,
     pub headers: http::HeaderMap,
 }
 
@@ -48,7 +49,34 @@ pub struct Seen {
 pub struct Upstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// `https` when the upstream speaks TLS.
+    scheme: &'static str,
     _stop: watch::Sender<bool>,
+}
+
+type UpstreamService = tower::util::BoxCloneSyncService<
+    Request<Incoming>,
+    Response<ProxyBody>,
+    std::convert::Infallible,
+>;
+
+/// `handler`, recording each request in `seen`.
+fn recording(handler: Handler, seen: Arc<Mutex<Vec<Seen>>>) -> UpstreamService {
+    let serve_fn = move |req: Request<Incoming>| {
+        let target = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        seen.lock().expect("lock").push(Seen {
+            target,
+            version: req.version(),
+            headers: req.headers().clone(),
+        });
+        let answer = handler(req);
+        async move { Ok::<_, std::convert::Infallible>(answer.await) }
+    };
+    tower::util::BoxCloneSyncService::new(tower::service_fn(serve_fn))
 }
 
 impl Upstream {
@@ -59,29 +87,47 @@ impl Upstream {
         let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (stop, stopped) = watch::channel(false);
-        let record = seen.clone();
-        let serve_fn = move |req: Request<Incoming>| {
-            let target = req
-                .uri()
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default();
-            record.lock().expect("lock").push(Seen {
-                target,
-                headers: req.headers().clone(),
-            });
-            let answer = handler(req);
-            async move { Ok::<_, std::convert::Infallible>(answer.await) }
-        };
-        tokio::spawn(serve(
-            listener,
-            settings(),
-            tower::service_fn(serve_fn),
-            stopped,
-        ));
+        let service = recording(handler, seen.clone());
+        tokio::spawn(serve(listener, settings(), service, stopped));
         Self {
             addr,
             seen,
+            scheme: "http",
+            _stop: stop,
+        }
+    }
+
+    /// An upstream speaking TLS (ALPN `h2` and `http/1.1`) with `server`'s
+    /// certificate, as GCS does.
+    pub async fn start_tls(handler: Handler, server: rustls::ServerConfig) -> Self {
+        use hyper_util::rt::TokioIo;
+        use hyper_util::server::conn::auto;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (stop, _) = watch::channel(false);
+        let service = recording(handler, seen.clone());
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, service) = (acceptor.clone(), service.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(service);
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            seen,
+            scheme: "https",
             _stop: stop,
         }
     }
@@ -101,14 +147,20 @@ impl Upstream {
         self.seen.lock().expect("lock").clone()
     }
 
+    /// The upstream's URL (`https://localhost:PORT` for a TLS upstream,
+    /// the name its certificate holds).
     pub fn url(&self) -> http::Uri {
-        format!("http://{}", self.addr).parse().expect("uri")
+        let host = match self.scheme {
+            "https" => format!("localhost:{}", self.addr.port()),
+            _ => self.addr.to_string(),
+        };
+        format!("{}://{host}", self.scheme).parse().expect("uri")
     }
 }
 
-/// The upstream clients' TLS: the bundled roots.
-pub fn tls() -> rustls::ClientConfig {
-    bucketmap_sidecar::tls::client_config(None).expect("TLS")
+/// The upstream clients' TLS: the bundled roots, and those of `ca_file`.
+pub fn tls(ca_file: Option<&std::path::Path>) -> rustls::ClientConfig {
+    bucketmap_sidecar::tls::client_config(ca_file).expect("TLS")
 }
 
 pub fn settings() -> ServerSettings {
@@ -142,6 +194,8 @@ pub struct Options {
     pub auth: Auth,
     pub mapping: Option<Mapping>,
     pub upstream_timeout: Option<Duration>,
+    /// `--upstream-ca-file`.
+    pub upstream_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -155,6 +209,7 @@ impl Default for Options {
             auth: Auth::None,
             mapping: Some(mapping(PHYSICAL)),
             upstream_timeout: None,
+            upstream_ca_file: None,
         }
     }
 }
@@ -182,8 +237,12 @@ impl Sidecar {
             listen: options.configured_listen.unwrap_or(addr),
             advertise_url: options.advertise_url.clone(),
         };
-        let client =
-            build_client(Duration::from_secs(5), Duration::from_secs(30), tls()).expect("client");
+        let client = build_client(
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+            tls(options.upstream_ca_file.as_deref()),
+        )
+        .expect("client");
         let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(
             Proxy::new(
@@ -202,7 +261,11 @@ impl Sidecar {
             max_message_bytes: 1 << 20,
         };
         let grpc = Arc::new(GrpcProxy::new(
-            build_grpc_client(Duration::from_secs(5), tls()).expect("gRPC client"),
+            build_grpc_client(
+                Duration::from_secs(5),
+                tls(options.upstream_ca_file.as_deref()),
+            )
+            .expect("gRPC client"),
             grpc_settings,
             store.clone(),
             metrics.clone(),

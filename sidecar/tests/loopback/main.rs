@@ -12,4 +12,5 @@ mod harness;
 mod lifecycle;
 mod refusals;
 mod streaming;
+mod tls;
 mod translation;
