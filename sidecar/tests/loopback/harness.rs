@@ -399,3 +399,62 @@ pub fn channel_body() -> (
     let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
     (tx, BodyExt::boxed(StreamBody::new(rx)))
 }
+
+impl Upstream {
+    /// An upstream that hands each accepted connection, raw, to `serve`:
+    /// for faults HTTP servers do not commit on their own (a reset in the
+    /// middle of a body). `seen` stays empty.
+    pub async fn start_raw<F, Fut>(serve: F) -> Self
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, mut stopped) = watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((tcp, _)) => drop(tokio::spawn(serve(tcp))),
+                        Err(_) => break,
+                    },
+                    _ = stopped.changed() => break,
+                }
+            }
+        });
+        Self {
+            addr,
+            seen: Arc::default(),
+            scheme: "http",
+            _stop: stop,
+        }
+    }
+}
+
+impl Upstream {
+    /// Like [`Upstream::start`], without recording what it sees: for long
+    /// runs, whose record would look like a leak.
+    pub async fn start_unrecorded(handler: Handler) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = watch::channel(false);
+        let serve_fn = move |req: Request<Incoming>| {
+            let answer = handler(req);
+            async move { Ok::<_, std::convert::Infallible>(answer.await) }
+        };
+        let service: UpstreamService =
+            tower::util::BoxCloneSyncService::new(tower::service_fn(serve_fn));
+        tokio::spawn(serve(listener, settings(), service, stopped));
+        Self {
+            addr,
+            seen: Arc::default(),
+            scheme: "http",
+            _stop: stop,
+        }
+    }
+}

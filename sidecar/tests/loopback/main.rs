@@ -7,6 +7,7 @@
 //! This is the fast tier of the sidecar's tests: only Rust, no API server,
 //! no client libraries, no fake-gcs-server.
 
+mod faults;
 mod grpc;
 mod harness;
 mod lifecycle;
