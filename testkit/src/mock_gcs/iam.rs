@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
-use super::state::{State, Target, bucket_not_found, lenient_bucket_id, parse_bucket_name};
 use super::MockHandle;
+use super::state::{State, Target, bucket_not_found, lenient_bucket_id, parse_bucket_name};
 
 /// The `google.iam.v1` messages of the IAM methods, and `google.type.Expr`
 /// (the condition of a binding).
