@@ -89,6 +89,8 @@ fn resumes(req: &Request) -> bool {
         .any(|p| p.starts_with("resourceVersion=") && p != "resourceVersion=")
 }
 
+/// Answers the first resuming `Gcs` watch with [`EXPIRED_EVENT`] and
+/// forwards everything else.
 async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
     let seen = classify(&req);
     if seen == Some(Seen::Watch)
