@@ -185,6 +185,13 @@ async fn labelled_pods_get_the_sidecar_others_are_untouched_even_when_the_webhoo
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
     // The server may need a moment after the caBundle to accept handshakes.
     let injected = create_labelled(&pods, pod("labelled", true)?).await?;
+    // A hostNetwork pod asking for the sidecar is refused, with the reason.
+    let mut on_host = pod("on-host", true)?;
+    if let Some(spec) = on_host.spec.as_mut() {
+        spec.host_network = Some(true);
+    }
+    let why = refused(&pods, on_host, "a hostNetwork pod with the sidecar label").await?;
+    assert!(why.contains("hostNetwork"), "{why}");
     let spec = injected.spec.clone().context("spec")?;
     let init = spec.init_containers.clone().unwrap_or_default();
     assert_eq!(init.first().map(|c| c.name.as_str()), Some(SIDECAR_NAME));

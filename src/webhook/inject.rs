@@ -232,6 +232,21 @@ pub fn default_account_warning(pod: &Pod) -> Option<String> {
     )
 }
 
+/// Why a pod that asks for the sidecar cannot have it, if it cannot: a
+/// `hostNetwork` pod shares the node's loopback, where the sidecar's port
+/// would be reachable by every process on the node (and taken by the first
+/// such pod), each using the namespace's buckets and credentials.
+pub fn refusal(pod: &Pod) -> Option<String> {
+    let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+    (wants_injection(pod) && !already_injected(pod) && host_network).then(|| {
+        format!(
+            "bucketmap-sidecar cannot be injected into a hostNetwork pod: its proxy port would \
+             be on the node's loopback, open to every process on the node with this \
+             namespace's buckets and credentials; drop hostNetwork, or the {INJECT_LABEL} label"
+        )
+    })
+}
+
 /// The pod with the sidecar injected, or `None` when nothing is to be done
 /// (not labelled, or already injected).
 pub fn inject(pod: &Pod, cfg: &InjectionConfig) -> Option<Pod> {
@@ -431,6 +446,22 @@ mod tests {
         for needle in ["Node.js", "apiEndpoint", "Java", "setHost", "C++", "gcloud"] {
             assert!(clients.contains(needle), "{clients} lacks {needle}");
         }
+    }
+
+    #[test]
+    fn host_network_pods_are_refused_only_when_they_ask_for_the_sidecar() {
+        let mut labelled = pod(true);
+        assert_eq!(refusal(&labelled), None);
+        if let Some(spec) = labelled.spec.as_mut() {
+            spec.host_network = Some(true);
+        }
+        let why = refusal(&labelled).expect("a refusal");
+        assert!(why.contains("hostNetwork"), "{why}");
+        let mut unlabelled = pod(false);
+        if let Some(spec) = unlabelled.spec.as_mut() {
+            spec.host_network = Some(true);
+        }
+        assert_eq!(refusal(&unlabelled), None);
     }
 
     #[test]

@@ -43,6 +43,12 @@ pub fn review(
         .object
         .as_ref()
         .map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<Pod>));
+    if let Some(Ok(pod)) = &pod
+        && let Some(why) = inject::refusal(pod)
+    {
+        info!(namespace = ?request.namespace, pod = %request.name, "refusing injection: {why}");
+        return response.deny(why).into_review();
+    }
     let (patch, warning) = match pod {
         Some(Ok(pod)) => (
             inject::patch(&pod, cfg),

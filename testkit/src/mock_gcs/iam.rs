@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
+use super::MockHandle;
 use super::state::{State, Target, bucket_not_found, lenient_bucket_id, parse_bucket_name};
-use super::{MockHandle, lock};
 
 /// The `google.iam.v1` messages of the IAM methods, and `google.type.Expr`
 /// (the condition of a binding).
@@ -188,28 +188,13 @@ impl ControlService {
         Self { state }
     }
 
-    /// Like the Storage service's calls: latency, then `op` under the
-    /// state lock with faults and logging, in a task of its own.
+    /// See [`super::service::run_call`].
     async fn call<T: Send + 'static>(
         &self,
         target: Target,
         op: impl FnOnce(&mut State) -> Result<T, Status> + Send + 'static,
     ) -> Result<Response<T>, Status> {
-        let state = self.state.clone();
-        let method = target.method;
-        let task = tokio::spawn(async move {
-            let delay = lock(&state).controls.latency_for(method);
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            lock(&state).execute(target, op)
-        });
-        match task.await {
-            Ok(result) => result.map(Response::new),
-            Err(err) => Err(Status::internal(format!(
-                "mock GCS handler for {method} did not finish: {err}"
-            ))),
-        }
+        super::service::run_call(&self.state, target, op).await
     }
 }
 

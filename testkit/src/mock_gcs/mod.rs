@@ -95,8 +95,9 @@ impl MockGcs {
             .with_context(|| format!("cannot read the address the mock GCS bound for {addr}"))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let service = Recorded(StorageServer::new(MockService::new(handle.state.clone())));
-        let control =
-            iam::StorageControlServer::new(iam::ControlService::new(handle.state.clone()));
+        let control = Recorded(iam::StorageControlServer::new(iam::ControlService::new(
+            handle.state.clone(),
+        )));
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)

@@ -35,32 +35,43 @@ impl MockService {
         Self { state }
     }
 
-    /// Waits the configured latency, then runs `op` under the state lock
-    /// with faults, quota and logging (see [`State::execute`]).
+    /// See [`run_call`].
     async fn call<T: Send + 'static>(
         &self,
         target: Target,
         op: impl FnOnce(&mut State) -> Result<T, Status> + Send + 'static,
     ) -> Result<Response<T>, Status> {
-        let state = self.state.clone();
-        let method = target.method;
-        let context = CallContext::current();
-        let guard = CancelGuard::new(state.clone(), context.id);
-        let task = tokio::spawn(context.scope(async move {
-            let delay = lock(&state).controls.latency_for(method);
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            lock(&state).execute(target, op)
-        }));
-        let result = task.await;
-        guard.completed();
-        match result {
-            Ok(result) => result.map(Response::new),
-            Err(err) => Err(Status::internal(format!(
-                "mock GCS handler for {method} did not finish: {err}"
-            ))),
+        run_call(&self.state, target, op).await
+    }
+}
+
+/// One call of either service: waits the configured latency, then runs
+/// `op` under the state lock with faults, quota and logging (see
+/// [`State::execute`]), in a task of its own so that a client cancelling
+/// the call leaves the state consistent (and the call logged as cancelled).
+pub(crate) async fn run_call<T: Send + 'static>(
+    state: &Arc<Mutex<State>>,
+    target: Target,
+    op: impl FnOnce(&mut State) -> Result<T, Status> + Send + 'static,
+) -> Result<Response<T>, Status> {
+    let state = state.clone();
+    let method = target.method;
+    let context = CallContext::current();
+    let guard = CancelGuard::new(state.clone(), context.id);
+    let task = tokio::spawn(context.scope(async move {
+        let delay = lock(&state).controls.latency_for(method);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
+        lock(&state).execute(target, op)
+    }));
+    let result = task.await;
+    guard.completed();
+    match result {
+        Ok(result) => result.map(Response::new),
+        Err(err) => Err(Status::internal(format!(
+            "mock GCS handler for {method} did not finish: {err}"
+        ))),
     }
 }
 

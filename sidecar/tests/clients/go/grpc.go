@@ -167,28 +167,10 @@ func (s *grpcScenario) run(ctx context.Context) {
 		return out, nil
 	})
 	s.step(ctx, "delete", func(ctx context.Context) (result, error) {
-		if err := small.Delete(ctx); err != nil {
-			return nil, err
-		}
-		_, err := small.Attrs(ctx)
-		switch {
-		case errors.Is(err, storage.ErrObjectNotExist):
-			return result{"exists_after": false}, nil
-		case err == nil:
-			return result{"exists_after": true}, nil
-		default:
-			return nil, err
-		}
+		return deleteAndCheck(ctx, small)
 	})
 	s.step(ctx, "not_found", func(ctx context.Context) (result, error) {
-		out := result{"error": nil, "read_error": nil}
-		if _, err := s.photos.Object(o["missing"]).Attrs(ctx); err != nil {
-			out["error"] = grpcErrorOf(err)
-		}
-		if _, err := readAll(ctx, s.photos.Object(o["missing"]), 0, -1); err != nil {
-			out["read_error"] = grpcErrorOf(err)
-		}
-		return out, nil
+		return notFound(ctx, s.photos.Object(o["missing"]), grpcErrorOf), nil
 	})
 }
 

@@ -295,32 +295,42 @@ func (s *scenario) run(ctx context.Context) {
 	})
 
 	s.step(ctx, "delete", func(ctx context.Context) (result, error) {
-		obj := s.photos.Object(s.spec.Compose.Destination)
-		if err := obj.Delete(ctx); err != nil {
-			return nil, err
-		}
-		_, err := obj.Attrs(ctx)
-		switch {
-		case errors.Is(err, storage.ErrObjectNotExist):
-			return result{"exists_after": false}, nil
-		case err == nil:
-			return result{"exists_after": true}, nil
-		default:
-			return nil, err
-		}
+		return deleteAndCheck(ctx, s.photos.Object(s.spec.Compose.Destination))
 	})
 
 	s.step(ctx, "not_found", func(ctx context.Context) (result, error) {
-		out := result{"error": nil, "read_error": nil}
-		if _, err := s.photos.Object(o["missing"]).Attrs(ctx); err != nil {
-			out["error"] = errorOf(err)
-		}
-		// The XML API read path.
-		if _, err := readAll(ctx, s.photos.Object(o["missing"]), 0, -1); err != nil {
-			out["read_error"] = errorOf(err)
-		}
-		return out, nil
+		// Over HTTP, the read goes the XML API's path.
+		return notFound(ctx, s.photos.Object(o["missing"]), errorOf), nil
 	})
+}
+
+// deleteAndCheck deletes obj and reports whether it still exists after.
+func deleteAndCheck(ctx context.Context, obj *storage.ObjectHandle) (result, error) {
+	if err := obj.Delete(ctx); err != nil {
+		return nil, err
+	}
+	_, err := obj.Attrs(ctx)
+	switch {
+	case errors.Is(err, storage.ErrObjectNotExist):
+		return result{"exists_after": false}, nil
+	case err == nil:
+		return result{"exists_after": true}, nil
+	default:
+		return nil, err
+	}
+}
+
+// notFound reports the errors of reading the attributes and the content
+// of the missing object obj, described by describe.
+func notFound(ctx context.Context, obj *storage.ObjectHandle, describe func(error) result) result {
+	out := result{"error": nil, "read_error": nil}
+	if _, err := obj.Attrs(ctx); err != nil {
+		out["error"] = describe(err)
+	}
+	if _, err := readAll(ctx, obj, 0, -1); err != nil {
+		out["read_error"] = describe(err)
+	}
+	return out
 }
 
 func libraryVersion() string {

@@ -44,15 +44,11 @@ struct GrpcScenario {
 
 impl GrpcScenario {
     fn bucket(&self, logical: &str) -> String {
-        let name = self.spec["buckets"][logical].as_str().unwrap_or(logical);
-        format!("projects/_/buckets/{name}")
+        crate::spec_bucket(&self.spec, logical)
     }
 
     fn object(&self, key: &str) -> String {
-        self.spec["objects"][key]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        crate::spec_object(&self.spec, key)
     }
 
     fn sources(&self) -> Vec<String> {

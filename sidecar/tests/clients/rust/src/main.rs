@@ -71,17 +71,24 @@ struct Scenario {
     steps: Steps,
 }
 
+/// The resource name of the bucket the spec gives for `logical`.
+fn spec_bucket(spec: &Value, logical: &str) -> String {
+    let name = spec["buckets"][logical].as_str().unwrap_or(logical);
+    format!("projects/_/buckets/{name}")
+}
+
+/// The object name the spec gives for `key`.
+fn spec_object(spec: &Value, key: &str) -> String {
+    spec["objects"][key].as_str().unwrap_or_default().to_owned()
+}
+
 impl Scenario {
     fn bucket(&self, logical: &str) -> String {
-        let name = self.spec["buckets"][logical].as_str().unwrap_or(logical);
-        format!("projects/_/buckets/{name}")
+        spec_bucket(&self.spec, logical)
     }
 
     fn object(&self, key: &str) -> String {
-        self.spec["objects"][key]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        spec_object(&self.spec, key)
     }
 
     fn record(&mut self, name: &str, outcome: Result<Value, google_cloud_storage::Error>) {
