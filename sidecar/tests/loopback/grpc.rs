@@ -16,20 +16,33 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use prost::Message as _;
 
-use bucketmap_sidecar::body::{BoxError, ProxyBody, boxed};
+use bucketmap_sidecar::body::{BoxError, ProxyBody, boxed, full};
 
 use super::harness::*;
 
 pub(crate) const GET_OBJECT: &str = "/google.storage.v2.Storage/GetObject";
 const WRITE_OBJECT: &str = "/google.storage.v2.Storage/WriteObject";
 
-pub(crate) fn framed(message: &impl prost::Message) -> Bytes {
-    let payload = message.encode_to_vec();
+/// `payload` as one gRPC message, with the compressed flag `compressed`.
+fn frame(compressed: bool, payload: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(payload.len() + 5);
-    out.put_u8(0);
+    out.put_u8(u8::from(compressed));
     out.put_u32(u32::try_from(payload.len()).expect("small"));
-    out.put_slice(&payload);
+    out.put_slice(payload);
     out.freeze()
+}
+
+pub(crate) fn framed(message: &impl prost::Message) -> Bytes {
+    frame(false, &message.encode_to_vec())
+}
+
+/// `GetObject` of `photos/a`, by the logical name.
+pub(crate) fn get_photos_a() -> proto::GetObjectRequest {
+    proto::GetObjectRequest {
+        bucket: "projects/_/buckets/photos".into(),
+        object: "a".into(),
+        ..Default::default()
+    }
 }
 
 /// The payloads of the gRPC messages in `data`.
@@ -148,12 +161,7 @@ async fn grpc_over_http1_is_refused_and_not_forwarded() {
     let (handler, bodies) = grpc_upstream(Bytes::new(), ok_trailers(""));
     let upstream = Upstream::start(handler).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
-    let get = proto::GetObjectRequest {
-        bucket: "projects/_/buckets/photos".into(),
-        object: "a".into(),
-        ..Default::default()
-    };
-    let mut req = grpc_request(GET_OBJECT, Version::HTTP_11, full_body(framed(&get)));
+    let mut req = grpc_request(GET_OBJECT, Version::HTTP_11, full(framed(&get_photos_a())));
     *req.uri_mut() = sidecar.url(GET_OBJECT).parse().expect("a URL");
     let answer = send(req).await;
     assert_eq!(answer.status, StatusCode::OK);
@@ -162,10 +170,6 @@ async fn grpc_over_http1_is_refused_and_not_forwarded() {
         Some(&b"3"[..])
     );
     assert!(upstream.seen().is_empty() && bodies.lock().expect("lock").is_empty());
-}
-
-pub(crate) fn full_body(bytes: Bytes) -> ProxyBody {
-    bucketmap_sidecar::body::full(bytes)
 }
 
 #[tokio::test]
@@ -178,26 +182,13 @@ async fn names_are_rewritten_both_ways_and_unknown_fields_kept() {
     // A field number the types do not define, after the known ones.
     let mut reply_payload = object.encode_to_vec();
     reply_payload.extend_from_slice(&[0xb8, 0x3e, 0x2a]); // field 999, varint 42
-    let mut reply = BytesMut::new();
-    reply.put_u8(0);
-    reply.put_u32(u32::try_from(reply_payload.len()).expect("small"));
-    reply.put_slice(&reply_payload);
     let message = format!("served from {PHYSICAL}.");
-    let (handler, bodies) = grpc_upstream(reply.freeze(), ok_trailers(&message));
+    let (handler, bodies) = grpc_upstream(frame(false, &reply_payload), ok_trailers(&message));
     let upstream = Upstream::start(handler).await;
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
-    let get = proto::GetObjectRequest {
-        bucket: "projects/_/buckets/photos".into(),
-        object: "a".into(),
-        ..Default::default()
-    };
-    let mut payload = get.encode_to_vec();
+    let mut payload = get_photos_a().encode_to_vec();
     payload.extend_from_slice(&[0xba, 0x3e, 0x03, b'x', b'y', b'z']); // field 999, bytes
-    let mut body = BytesMut::new();
-    body.put_u8(0);
-    body.put_u32(u32::try_from(payload.len()).expect("small"));
-    body.put_slice(&payload);
-    let req = grpc_request(GET_OBJECT, Version::HTTP_2, full_body(body.freeze()));
+    let req = grpc_request(GET_OBJECT, Version::HTTP_2, full(frame(false, &payload)));
     let answer = call(&sidecar, req).await;
     assert_eq!(answer.code, Some(0), "{}", answer.message);
     assert_eq!(answer.message, "served from photos.");
@@ -278,4 +269,41 @@ async fn a_refused_later_message_aborts_the_upstream_call() {
         matches!(received.as_slice(), [Err(_)]),
         "the upstream's request stream must end in an error, not a clean end: {received:?}"
     );
+}
+
+/// A `GetObject` of `photos/a` sent gzip-compressed (`grpc-encoding: gzip`).
+fn gzipped_get(encoding: &'static str) -> Request<ProxyBody> {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&get_photos_a().encode_to_vec()).expect("gzip");
+    let compressed = gz.finish().expect("gzip");
+    let mut req = grpc_request(GET_OBJECT, Version::HTTP_2, full(frame(true, &compressed)));
+    req.headers_mut()
+        .insert("grpc-encoding", HeaderValue::from_static(encoding));
+    req
+}
+
+#[tokio::test]
+async fn gzip_request_messages_are_read_and_other_encodings_refused() {
+    let (handler, bodies) = grpc_upstream(Bytes::new(), ok_trailers(""));
+    let upstream = Upstream::start(handler).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    // An encoding the sidecar cannot read: refused, nothing forwarded.
+    let answer = call(&sidecar, gzipped_get("snappy")).await;
+    assert_eq!(answer.code, Some(12), "UNIMPLEMENTED: {}", answer.message);
+    assert!(answer.message.contains("snappy"), "{}", answer.message);
+    assert!(upstream.seen().is_empty());
+    // gzip: decoded, rewritten, forwarded uncompressed.
+    let answer = call(&sidecar, gzipped_get("gzip")).await;
+    assert_eq!(answer.code, Some(0), "{}", answer.message);
+    let received = bodies.lock().expect("lock")[0].clone().expect("a body");
+    assert_eq!(received[0], 0, "forwarded uncompressed");
+    let seen = proto::GetObjectRequest::decode(messages(&received).remove(0)).expect("a request");
+    assert_eq!(seen.bucket, format!("projects/_/buckets/{PHYSICAL}"));
+    // A compressed message on a stream that names no encoding is malformed.
+    let mut req = gzipped_get("gzip");
+    req.headers_mut().remove("grpc-encoding");
+    let answer = call(&sidecar, req).await;
+    assert_eq!(answer.code, Some(3), "INVALID_ARGUMENT: {}", answer.message);
+    assert_eq!(upstream.seen().len(), 1, "only the gzip call went upstream");
 }

@@ -10,7 +10,11 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair}
 
 use googleapis_tonic_google_storage_v2::google::storage::v2 as proto;
 
-use super::grpc::{GET_OBJECT, call, framed, full_body, grpc_request, grpc_upstream, ok_trailers};
+use bucketmap_sidecar::body::full;
+
+use super::grpc::{
+    GET_OBJECT, call, framed, get_photos_a, grpc_request, grpc_upstream, ok_trailers,
+};
 use super::harness::*;
 
 /// A CA (PEM) and a server configuration for `localhost` signed by it.
@@ -57,12 +61,7 @@ fn handler_for_both() -> Handler {
 }
 
 fn get_object() -> Request<bucketmap_sidecar::body::ProxyBody> {
-    let get = proto::GetObjectRequest {
-        bucket: "projects/_/buckets/photos".into(),
-        object: "a".into(),
-        ..Default::default()
-    };
-    grpc_request(GET_OBJECT, Version::HTTP_2, full_body(framed(&get)))
+    grpc_request(GET_OBJECT, Version::HTTP_2, full(framed(&get_photos_a())))
 }
 
 #[tokio::test]
