@@ -180,8 +180,8 @@ fn build_proxy(
     config: &Config,
     store: &Arc<MappingStore>,
     metrics: &Arc<Metrics>,
+    tls: rustls::ClientConfig,
 ) -> anyhow::Result<Arc<Proxy>> {
-    let tls = crate::tls::client_config(config.upstream_ca_file.as_deref())?;
     let client = build_client(config.connect_timeout, config.pool_idle_timeout, tls)?;
     let settings = ProxySettings {
         allow_physical_names: config.allow_physical_names,
@@ -205,6 +205,7 @@ pub fn build_grpc_proxy(
     store: &Arc<MappingStore>,
     metrics: &Arc<Metrics>,
     auth: &Auth,
+    tls: rustls::ClientConfig,
 ) -> anyhow::Result<Arc<GrpcProxy>> {
     let settings = GrpcSettings {
         upstream: config.grpc_upstream.clone(),
@@ -212,10 +213,7 @@ pub fn build_grpc_proxy(
         max_message_bytes: config.grpc_max_message_bytes,
     };
     Ok(Arc::new(GrpcProxy::new(
-        build_grpc_client(
-            config.connect_timeout,
-            crate::tls::client_config(config.upstream_ca_file.as_deref())?,
-        )?,
+        build_grpc_client(config.connect_timeout, tls)?,
         settings,
         store.clone(),
         metrics.clone(),
@@ -264,8 +262,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     } else {
         Auth::application_default()?
     };
-    let proxy = build_proxy(&config, &store, &metrics)?;
-    let grpc = build_grpc_proxy(&config, &store, &metrics, &auth)?;
+    // Both upstream clients trust the same roots (read once).
+    let tls = crate::tls::client_config(config.upstream_ca_file.as_deref())?;
+    let proxy = build_proxy(&config, &store, &metrics, tls.clone())?;
+    let grpc = build_grpc_proxy(&config, &store, &metrics, &auth, tls)?;
     let server_settings = server_settings(&config);
 
     let (listener, metrics_listener) = bind(&config).await?;
