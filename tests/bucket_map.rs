@@ -202,3 +202,32 @@ async fn entries_of_an_earlier_version_are_taken_over_and_removed() -> TestResul
     assert!(!f.bucket_map().await?.contains_key("photos"));
     Ok(())
 }
+
+#[tokio::test]
+async fn an_entry_the_writer_does_not_know_is_removed_with_its_resource() -> TestResult {
+    // A replica that takes over knows an entry only from a resource whose
+    // status records its bucket; one whose status write was lost (or whose
+    // map write's answer was) left an entry it must still remove.
+    let mut f = Fixture::started().await?;
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    f.wait_ready("photos").await?;
+    assert!(f.bucket_map().await?.contains_key("photos"));
+    f.kill_operator().await;
+    f.api()
+        .patch_status(
+            "photos",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"bucketFullName": null}})),
+        )
+        .await?;
+    f.delete("photos").await?;
+    f.start_operator().await?;
+    f.wait_gone("photos", Duration::from_secs(30)).await?;
+    let m = f.bucket_map().await?;
+    assert!(
+        !m.contains_key("photos"),
+        "the entry outlived its resource: {m:?}"
+    );
+    Ok(())
+}

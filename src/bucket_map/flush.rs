@@ -1,7 +1,7 @@
 //! The flush: plan a namespace's map, write it if it differs, record the
 //! verdicts, wake refused claims when an entry leaves.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -69,17 +69,22 @@ impl BucketMaps {
             // One read of the cached map serves the plan and the write check.
             let data = self.current_data(&map.ns);
             let plan = self.plan_now(map, &data);
-            if !Self::needs_write(map, &plan, &data) {
+            let owned = self.owned_keys(&map.ns);
+            if !Self::needs_write(map, &plan, &data, &owned) {
                 self.commit(map, plan);
                 return Ok(());
             }
             match self.write(&map.ns, &plan.data).await {
                 Ok(()) => {
+                    lock(&map.state).uncertain = false;
                     self.commit(map, plan);
                     return Ok(());
                 }
                 Err(WriteError::Conflict(keys)) => lock(&map.state).foreign.extend(keys),
-                Err(WriteError::Other(e)) => return Err(e),
+                Err(WriteError::Other(e)) => {
+                    lock(&map.state).uncertain = true;
+                    return Err(e);
+                }
             }
         }
         Err(Error::Publish(format!(
@@ -118,10 +123,21 @@ impl BucketMaps {
         })
     }
 
-    /// Whether the map must be written: our entries differ from the plan, or
-    /// the cached map does not show them (deleted or edited by somebody).
-    fn needs_write(map: &NamespaceMap, plan: &Plan, data: &BTreeMap<String, String>) -> bool {
+    /// Whether the map must be written: our entries differ from the plan,
+    /// the cached map does not show them (deleted or edited by somebody),
+    /// it holds a key under our field manager that the plan drops (an entry
+    /// `applied` does not know: see [`super::State::uncertain`]), or the
+    /// last write's outcome is unknown.
+    fn needs_write(
+        map: &NamespaceMap,
+        plan: &Plan,
+        data: &BTreeMap<String, String>,
+        owned: &BTreeSet<String>,
+    ) -> bool {
         let state = lock(&map.state);
+        if state.uncertain || owned.iter().any(|k| !plan.data.contains_key(k)) {
+            return true;
+        }
         let ours: BTreeMap<&String, &String> = state
             .applied
             .iter()

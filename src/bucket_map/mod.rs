@@ -30,7 +30,7 @@
 
 mod plan;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -103,6 +103,10 @@ struct State {
     applied: BTreeMap<String, (String, String)>,
     /// Keys owned by other field managers (from the API server's conflicts).
     foreign: BTreeMap<String, String>,
+    /// A write failed without an answer: it may have been committed (a lost
+    /// response), so the map may hold entries `applied` does not know. The
+    /// next flush writes whatever it plans; the apply removes them.
+    uncertain: bool,
     /// The verdict of each claim in the latest plan.
     verdicts: HashMap<String, Verdict>,
     /// Refused claims, woken when an entry leaves the map.
@@ -181,7 +185,8 @@ impl BucketMaps {
             state.refused.remove(&uid);
             state.verdicts.remove(&uid);
             let claimed = state.claims.remove(&uid).is_some();
-            let in_map = state.applied.values().any(|(holder, _)| *holder == uid);
+            let in_map = state.applied.values().any(|(holder, _)| *holder == uid)
+                || self.owns_key(&map.ns, &obj.spec.bucket_name);
             if !claimed && !in_map {
                 return Ok(());
             }
@@ -293,6 +298,21 @@ impl BucketMaps {
         state
     }
 
+    /// Whether the cached map holds `logical` under our field manager: an
+    /// entry `applied` may not know (written by another replica before it
+    /// lost the lease, or by a write whose answer was lost).
+    fn owns_key(&self, ns: &str, logical: &str) -> bool {
+        self.owned_keys(ns).contains(logical)
+    }
+
+    /// The data keys the cached map holds under our field manager.
+    fn owned_keys(&self, ns: &str) -> BTreeSet<String> {
+        self.configmaps
+            .get(&ObjectRef::new(&self.settings.map_name).within(ns))
+            .map(|cm| owned_data_keys(&cm, MAP_FIELD_MANAGER))
+            .unwrap_or_default()
+    }
+
     fn current_data(&self, ns: &str) -> BTreeMap<String, String> {
         self.configmaps
             .get(&ObjectRef::new(&self.settings.map_name).within(ns))
@@ -320,6 +340,23 @@ impl BucketMaps {
     }
 }
 
+/// The `data` keys that `manager` owns by server-side apply, read from the
+/// ConfigMap's `managedFields` (`{"f:data": {"f:KEY": {}}}`).
+fn owned_data_keys(cm: &ConfigMap, manager: &str) -> BTreeSet<String> {
+    cm.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.manager.as_deref() == Some(manager) && m.operation.as_deref() == Some("Apply")
+        })
+        .filter_map(|m| m.fields_v1.as_ref()?.0.get("f:data")?.as_object())
+        .flat_map(|data| data.keys())
+        .filter_map(|k| k.strip_prefix("f:"))
+        .map(str::to_owned)
+        .collect()
+}
+
 fn claim_ns(obj: &Gcs) -> Result<String> {
     obj.namespace()
         .ok_or(Error::MissingField("metadata.namespace"))
@@ -336,3 +373,53 @@ fn claim_of(obj: &Gcs, physical: &str) -> Result<Claim> {
 }
 
 mod flush;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    use kube::api::ObjectMeta;
+
+    fn managed(manager: &str, operation: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn owned_keys_are_the_data_keys_our_manager_applied() {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                managed_fields: Some(vec![
+                    managed(
+                        "bucketmap",
+                        "Apply",
+                        serde_json::json!({"f:data": {"f:photos": {}, "f:logs": {}},
+                                           "f:metadata": {"f:labels": {"f:app": {}}}}),
+                    ),
+                    managed(
+                        "platform-team",
+                        "Apply",
+                        serde_json::json!({"f:data": {"f:media": {}}}),
+                    ),
+                    managed(
+                        "bucketmap",
+                        "Update",
+                        serde_json::json!({"f:data": {"f:edited": {}}}),
+                    ),
+                ]),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        let owned = owned_data_keys(&cm, "bucketmap");
+        assert_eq!(
+            owned,
+            BTreeSet::from(["logs".to_owned(), "photos".to_owned()])
+        );
+        assert!(owned_data_keys(&ConfigMap::default(), "bucketmap").is_empty());
+    }
+}
