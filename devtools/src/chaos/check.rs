@@ -33,6 +33,17 @@ impl Planned {
         self.non_empty && !self.force_destroy && !self.orphan
     }
 
+    /// What kind of resource it is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match (self.orphan, self.non_empty, self.force_destroy) {
+            (true, true, _) => "Orphan, non-empty",
+            (true, false, _) => "Orphan",
+            (false, true, true) => "non-empty, forceDestroy",
+            (false, true, false) => "non-empty, no forceDestroy",
+            (false, false, _) => "Delete",
+        }
+    }
+
     /// Its bucket outlives the resource (by design).
     pub fn keeps_bucket(&self) -> bool {
         self.orphan
@@ -199,10 +210,14 @@ fn extra_map_entries(plan: &[Planned], world: &World) -> Vec<Violation> {
     };
     let mut out = Vec::new();
     for (ns, entries) in &world.maps {
-        for logical in entries.keys() {
+        for (logical, physical) in entries {
             if !live(ns, &|p| &p.logical == logical) {
+                let kind = plan
+                    .iter()
+                    .find(|p| &p.logical == logical)
+                    .map_or("not planned", Planned::kind);
                 out.push(format!(
-                    "bucket map of {ns}: entry {logical} has no live resource"
+                    "bucket map of {ns}: entry {logical} -> {physical} has no live resource ({kind})"
                 ));
             }
         }

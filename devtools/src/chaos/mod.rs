@@ -233,7 +233,7 @@ async fn start_replicas(
     world: &Run,
     rng: &mut fastrand::Rng,
 ) -> anyhow::Result<Replicas> {
-    let log_dir = world.env.log_dir().join("operator");
+    let log_dir = std::env::temp_dir().join(format!("bucketmap-chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", log_dir.display()))?;
     let spec = ReplicaSpec {
@@ -249,6 +249,7 @@ async fn start_replicas(
         interval: Duration::from_secs(1)..=args.kill_interval.max(Duration::from_secs(1)),
         seed: rng.u64(..),
     };
+    println!("operator replica logs: {}", spec.log_dir.display());
     Ok(Replicas::start(spec, plan, world.client.clone()))
 }
 
@@ -273,7 +274,10 @@ async fn phases(
     fill_buckets(w, plan).await?;
     let ready = observe::snapshot(&w.scope(), &w.watch).await?;
     let foreign_ids: BTreeSet<String> = foreign.keys().cloned().collect();
-    violations.extend(check::all_ready(plan, &ready, &foreign_ids));
+    violations.extend(at(
+        "all Ready",
+        check::all_ready(plan, &ready, &foreign_ids),
+    ));
     if !violations.is_empty() {
         return Ok(violations);
     }
@@ -285,7 +289,10 @@ async fn phases(
     plan::delete_all(&w.client, plan).await?;
     violations.extend(wait_blocked(args, w, plan).await);
     let blocked = observe::snapshot(&w.scope(), &w.watch).await?;
-    violations.extend(check::after_deletes(plan, &uids, &blocked));
+    violations.extend(at(
+        "deletes done",
+        check::after_deletes(plan, &uids, &blocked),
+    ));
     unblock(w, plan, &blocked).await?;
     violations.extend(wait_gone(args, w, plan).await);
     figures.converged = started.elapsed();
@@ -296,8 +303,16 @@ async fn phases(
         .iter()
         .filter(|(id, b)| end.buckets.get(*id) == Some(*b))
         .count();
-    violations.extend(at_end);
+    violations.extend(at("end", at_end));
     Ok(violations)
+}
+
+/// Violations labelled with their checkpoint.
+fn at(checkpoint: &str, violations: Vec<Violation>) -> Vec<Violation> {
+    violations
+        .into_iter()
+        .map(|v| format!("[{checkpoint}] {v}"))
+        .collect()
 }
 
 /// Waits until every planned resource is Ready.

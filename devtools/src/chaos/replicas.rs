@@ -204,7 +204,7 @@ fn spawn(spec: &ReplicaSpec, slot: usize) -> anyhow::Result<Child> {
         .args(["--lease-duration", "4s", "--lease-renew-margin", "2s"])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", &spec.kubeconfig)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(stderr)
         .kill_on_drop(true);

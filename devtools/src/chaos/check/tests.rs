@@ -226,7 +226,10 @@ fn a_missing_or_wrong_map_entry_or_binding_is_reported() {
         .or_default()
         .insert("blocked".into(), "blocked-x".into());
     let v = after_deletes(&plan(), &uids(), &blocked);
-    expect_one(&v, "bucket map of ns: entry blocked has no live resource");
+    expect_one(
+        &v,
+        "bucket map of ns: entry blocked -> blocked-x has no live resource",
+    );
 }
 
 #[test]
