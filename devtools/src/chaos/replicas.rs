@@ -107,8 +107,7 @@ impl Supervisor {
             self.restart_exited();
             if kills < plan.kills && Instant::now() >= next_kill {
                 let victim = self.rng.usize(..REPLICAS);
-                self.kill(victim).await;
-                kills += 1;
+                kills += u32::from(self.kill(victim).await);
                 next_kill = Instant::now() + self.pause(&plan);
             }
         }
@@ -150,10 +149,10 @@ impl Supervisor {
     }
 
     /// SIGKILLs replica `slot` (counting whether it held the Lease) and
-    /// starts it again.
-    async fn kill(&mut self, slot: usize) {
+    /// starts it again; false when it was not running (nothing killed).
+    async fn kill(&mut self, slot: usize) -> bool {
         let Some(mut child) = self.children[slot].take() else {
-            return;
+            return false;
         };
         let leader = match child.id() {
             Some(pid) => self.holds_lease(pid).await,
@@ -172,6 +171,7 @@ impl Supervisor {
         });
         self.respawn_at[slot] = Instant::now();
         self.restart_exited();
+        true
     }
 
     /// Whether the process `pid` holds the Lease (default identities end
