@@ -139,7 +139,7 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
     let foreign = foreign_buckets(&world.gcs(), &projects, &mut rng)?;
     let plan = plan::plan(&mut rng, args.resources, &world.namespaces, &projects);
     print_plan(args, &plan);
-    let replicas = start_replicas(args, &world, &mut rng).await?;
+    let (replicas, log_dir) = start_replicas(args, &world, &mut rng).await?;
     world
         .gcs()
         .set_random_faults(Some(random_faults(args, rng.u64(..))));
@@ -163,6 +163,8 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
         anyhow::bail!("{} promise(s) broken (listed above)", violations.len());
     }
     println!("\nresult: PASS (every check held)");
+    // The replica logs are kept only when the run fails.
+    let _ = std::fs::remove_dir_all(&log_dir);
     Ok(())
 }
 
@@ -232,7 +234,7 @@ async fn start_replicas(
     args: &ChaosArgs,
     world: &Run,
     rng: &mut fastrand::Rng,
-) -> anyhow::Result<Replicas> {
+) -> anyhow::Result<(Replicas, std::path::PathBuf)> {
     let log_dir = std::env::temp_dir().join(format!("bucketmap-chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", log_dir.display()))?;
@@ -249,8 +251,12 @@ async fn start_replicas(
         interval: Duration::from_secs(1)..=args.kill_interval.max(Duration::from_secs(1)),
         seed: rng.u64(..),
     };
-    println!("operator replica logs: {}", spec.log_dir.display());
-    Ok(Replicas::start(spec, plan, world.client.clone()))
+    println!(
+        "operator replica logs (kept if the run fails): {}",
+        spec.log_dir.display()
+    );
+    let log_dir = spec.log_dir.clone();
+    Ok((Replicas::start(spec, plan, world.client.clone()), log_dir))
 }
 
 /// The three checkpoints; a checkpoint not reached in time is a violation

@@ -30,7 +30,7 @@ pub fn plan(
         .map(|i| {
             let draw = rng.f64();
             let orphan = draw < ORPHAN + ORPHAN_NON_EMPTY;
-            let non_empty = draw >= ORPHAN && draw < ORPHAN + ORPHAN_NON_EMPTY + BLOCKED + FORCED;
+            let non_empty = (ORPHAN..ORPHAN + ORPHAN_NON_EMPTY + BLOCKED + FORCED).contains(&draw);
             let force_destroy = draw >= ORPHAN + ORPHAN_NON_EMPTY + BLOCKED && non_empty;
             Planned {
                 namespace: namespaces[i % namespaces.len()].clone(),
