@@ -292,6 +292,7 @@ async fn phases(
         .iter()
         .map(|(k, r)| (k.clone(), r.uid.clone()))
         .collect();
+    wait_watch_caught_up(&w.watch, &uids).await;
     plan::delete_all(&w.client, plan).await?;
     violations.extend(wait_blocked(args, w, plan).await);
     let blocked = observe::snapshot(&w.scope(), &w.watch).await?;
@@ -335,6 +336,20 @@ async fn wait_ready(args: &ChaosArgs, w: &Run, plan: &[Planned]) -> Vec<Violatio
     })
     .await;
     result.err().map(|e| format!("{e:#}")).into_iter().collect()
+}
+
+/// Waits (a minute at most) until the Ready watch has seen every resource
+/// Ready: after the API server restart it may still be backing off, and a
+/// resource it first sees while being deleted would count as never Ready.
+async fn wait_watch_caught_up(watch: &ReadyWatch, uids: &BTreeMap<String, String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let seen = watch.transitions();
+        if uids.values().all(|uid| seen.contains_key(uid)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Waits until only the blocked resources remain, each showing DeletionBlocked.
