@@ -5,6 +5,7 @@
 
 mod bench;
 mod binaries;
+mod chaos;
 mod crd;
 mod demo;
 mod dev;
@@ -35,6 +36,10 @@ enum Command {
     Up(dev::DevArgs),
     /// Measure the operator at scale against the mock GCS on a local control plane.
     Bench(bench::BenchArgs),
+    /// Create and delete hundreds of resources while operator replicas are
+    /// killed, the mock GCS fails at random and the API server restarts;
+    /// then check that nothing was lost, duplicated or wrongly deleted.
+    Chaos(chaos::ChaosArgs),
     /// Serve the in-memory mock GCS (google.storage.v2 gRPC) until interrupted.
     MockGcs {
         /// Address to listen on.
@@ -60,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         None => dev::run(cli.up).await,
         Some(Command::Up(args)) => dev::run(args).await,
         Some(Command::Bench(args)) => bench::bench(args).await,
+        Some(Command::Chaos(args)) => chaos::chaos(args).await,
         Some(Command::Crd(args)) => crd::run(&args),
         Some(Command::Operator(args)) => bucketmap::cli::run(*args).await,
         Some(Command::MockGcs { listen }) => {

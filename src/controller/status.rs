@@ -163,6 +163,23 @@ fn failure_report(error: &Error, project: &str) -> Option<FailureReport> {
     })
 }
 
+/// Whether `error` leaves `Ready` as it is: a transient GCS failure
+/// (unavailable, timed out, quota) while re-checking a bucket that is Ready
+/// for the current generation and not being deleted. The bucket and its
+/// map entry still work; the warning event and the retry tell what
+/// happened. Flipping Ready on every such blip made workloads waiting on
+/// Ready see it go and come back (found by `cargo dev chaos`).
+fn keeps_ready(obj: &Gcs, conditions: &[Condition], error: &Error) -> bool {
+    let transient = matches!(
+        error,
+        Error::Gcs(e) if matches!(e.kind, GcsErrorKind::Unavailable | GcsErrorKind::ResourceExhausted)
+    );
+    let ready_now = conditions.iter().any(|c| {
+        c.type_ == READY && c.status == "True" && c.observed_generation == obj.metadata.generation
+    });
+    transient && ready_now && obj.metadata.deletion_timestamp.is_none()
+}
+
 /// Puts a failed reconcile's cause into the `Ready` condition.
 pub(super) async fn report_failure(
     obj: &Gcs,
@@ -174,6 +191,17 @@ pub(super) async fn report_failure(
     let Some(report) = failure_report(error, &project) else {
         return;
     };
+    if keeps_ready(obj, &writer.status.conditions, error) {
+        ctx.event(
+            obj,
+            EventType::Warning,
+            report.event_reason,
+            "Reconcile",
+            report.message,
+        )
+        .await;
+        return;
+    }
     let current = writer.status.conditions.iter().find(|c| c.type_ == READY);
     if current.is_some_and(|c| c.reason == report.reason && c.message == report.message) {
         return;
@@ -251,6 +279,59 @@ mod tests {
                 event_reason: reason::BINDING_NOT_OWNED,
             })
         );
+    }
+
+    #[test]
+    fn a_transient_gcs_error_keeps_a_ready_resource_ready() {
+        let mut obj = Gcs::new(
+            "photos",
+            serde_json::from_value(serde_json::json!({"bucketName": "photos"})).unwrap(),
+        );
+        obj.metadata.generation = Some(2);
+        let mut ready = Vec::new();
+        conditions::set(
+            &mut ready,
+            READY,
+            true,
+            reason::BUCKET_READY,
+            "ok".into(),
+            Some(2),
+        );
+        for kind in [GcsErrorKind::Unavailable, GcsErrorKind::ResourceExhausted] {
+            assert!(keeps_ready(&obj, &ready, &gcs(kind)), "{kind:?}");
+        }
+        for kind in [
+            GcsErrorKind::PermissionDenied,
+            GcsErrorKind::NotFound,
+            GcsErrorKind::Other,
+        ] {
+            assert!(
+                !keeps_ready(&obj, &ready, &gcs(kind)),
+                "{kind:?} is reported"
+            );
+        }
+        let unavailable = gcs(GcsErrorKind::Unavailable);
+        let mut not_ready = Vec::new();
+        conditions::set(
+            &mut not_ready,
+            READY,
+            false,
+            reason::CREATING,
+            "".into(),
+            Some(2),
+        );
+        assert!(
+            !keeps_ready(&obj, &not_ready, &unavailable),
+            "not Ready yet"
+        );
+        obj.metadata.generation = Some(3);
+        assert!(
+            !keeps_ready(&obj, &ready, &unavailable),
+            "the spec changed since"
+        );
+        obj.metadata.generation = Some(2);
+        obj.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert!(!keeps_ready(&obj, &ready, &unavailable), "being deleted");
     }
 
     #[test]

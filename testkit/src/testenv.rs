@@ -49,7 +49,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -96,6 +96,8 @@ pub struct TestEnv {
     // Field order is drop order: processes first, then the directory.
     apiserver: Process,
     etcd: Process,
+    /// How the API server was started, for [`TestEnv::restart_apiserver`].
+    apiserver_command: (PathBuf, Vec<String>),
     server_url: String,
     kubeconfig_path: PathBuf,
     config: kube::Config,
@@ -153,6 +155,7 @@ impl TestEnv {
         Ok(TestEnv {
             apiserver: running.apiserver,
             etcd: running.etcd,
+            apiserver_command: running.apiserver_command,
             server_url: running.server_url,
             kubeconfig_path: running.kubeconfig_path,
             config: running.config,
@@ -192,6 +195,50 @@ impl TestEnv {
     /// Process ids of `(etcd, kube-apiserver)`, if still known.
     pub fn pids(&self) -> (Option<u32>, Option<u32>) {
         (self.etcd.child.id(), self.apiserver.child.id())
+    }
+
+    /// Kills the kube-apiserver (SIGKILL) and starts it again on the same
+    /// port with the same flags, certificates and etcd (which keeps
+    /// running, so every object survives), then waits until `/readyz`
+    /// reports ok. Clients and kubeconfigs made before keep working.
+    pub async fn restart_apiserver(&mut self) -> Result<()> {
+        let started = Instant::now();
+        self.apiserver.kill_and_reap().await;
+        let (program, args) = &self.apiserver_command;
+        let log = self.dir.path().join("kube-apiserver.log");
+        self.apiserver = Process::spawn("kube-apiserver", program, args, &log)?;
+        let mut probe_config = self.config.clone();
+        probe_config.connect_timeout = Some(PROBE_TIMEOUT);
+        probe_config.read_timeout = Some(PROBE_TIMEOUT);
+        let client = kube::Client::try_from(probe_config)
+            .context("cannot build a client for the restarted API server")?;
+        let deadline = Deadline::after(READY_TIMEOUT);
+        loop {
+            if let Some(status) = self.apiserver.exited() {
+                bail!(
+                    "kube-apiserver exited after its restart ({status})\n{}",
+                    self.apiserver.log_tail()
+                );
+            }
+            let problem = match readyz(&client).await {
+                Ok(()) => break,
+                Err(problem) => problem,
+            };
+            ensure!(
+                !deadline.passed(),
+                "kube-apiserver at {} was not ready within {:?} of its restart (last check: {problem})\n{}",
+                self.server_url,
+                deadline.budget,
+                self.apiserver.log_tail()
+            );
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        tracing::info!(
+            server = %self.server_url,
+            elapsed_ms = started.elapsed().as_millis(),
+            "kube-apiserver restarted"
+        );
+        Ok(())
     }
 
     /// Copies the kubeconfig to `path` (for `--kubeconfig-out`), atomically
@@ -582,8 +629,11 @@ struct Process {
 impl Process {
     /// Starts `program args…` with stdout and stderr appended to `log`.
     fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) -> Result<Self> {
-        let log_file = std::fs::File::create(log)
-            .with_context(|| format!("cannot create {}", log.display()))?;
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot open {}", log.display()))?;
         let log_file_err = log_file
             .try_clone()
             .with_context(|| format!("cannot reopen {}", log.display()))?;
@@ -615,6 +665,14 @@ impl Process {
             child,
             log: log.to_path_buf(),
         })
+    }
+
+    /// Sends SIGKILL and waits (a few seconds at most) until it is gone, so
+    /// that its port is free again.
+    async fn kill_and_reap(&mut self) {
+        if self.child.start_kill().is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        }
     }
 
     /// The exit status if the process has already stopped.
@@ -698,6 +756,7 @@ pub fn die_with_parent(_command: &mut Command) {}
 struct Running {
     etcd: Process,
     apiserver: Process,
+    apiserver_command: (PathBuf, Vec<String>),
     server_url: String,
     kubeconfig_path: PathBuf,
     config: kube::Config,
@@ -789,9 +848,10 @@ async fn launch(
 
     let server_url = format!("https://127.0.0.1:{apiserver_port}");
     let apiserver_args = apiserver_args(apiserver_port, &cert_dir, &etcd_url, pki_files);
+    let apiserver_program = assets.join(APISERVER_BIN);
     let mut apiserver = Process::spawn(
         "kube-apiserver",
-        &assets.join(APISERVER_BIN),
+        &apiserver_program,
         &apiserver_args,
         &dir.join("kube-apiserver.log"),
     )
@@ -811,6 +871,7 @@ async fn launch(
     Ok(Running {
         etcd,
         apiserver,
+        apiserver_command: (apiserver_program, apiserver_args),
         server_url,
         kubeconfig_path,
         config,
@@ -1452,6 +1513,45 @@ mod tests {
             .list(&Default::default())
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_restarted_apiserver_keeps_its_port_certificates_and_objects() {
+        let mut env = TestEnv::start().await.unwrap();
+        let client = env.client().await.unwrap();
+        let name = create_namespace(&client, "restart").await.unwrap();
+        let (etcd_before, Some(apiserver_before)) = env.pids() else {
+            panic!("the API server is gone");
+        };
+        let url = env.server_url();
+        let kubeconfig = std::fs::read(env.kubeconfig_path()).unwrap();
+
+        env.restart_apiserver().await.unwrap();
+
+        let (etcd_after, Some(apiserver_after)) = env.pids() else {
+            panic!("the API server did not come back");
+        };
+        assert_ne!(apiserver_after, apiserver_before, "a new process");
+        assert!(
+            !Path::new(&format!("/proc/{apiserver_before}")).exists(),
+            "the old API server still runs"
+        );
+        assert_eq!(etcd_after, etcd_before, "etcd was kept");
+        assert_eq!(env.server_url(), url, "same port");
+        assert_eq!(std::fs::read(env.kubeconfig_path()).unwrap(), kubeconfig);
+        // The client made before the restart (same CA, same port) still works
+        // and the namespace written before it is still there.
+        let namespaces = Api::<Namespace>::all(client)
+            .list(&Default::default())
+            .await
+            .unwrap();
+        assert!(
+            namespaces
+                .items
+                .iter()
+                .any(|ns| ns.metadata.name.as_deref() == Some(name.as_str())),
+            "{name} lost in the restart"
+        );
     }
 
     #[tokio::test]

@@ -53,7 +53,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
-pub use faults::{Call, Fault};
+pub use faults::{Call, Fault, FaultCounts, RandomFaults};
 pub use googleapis_tonic_google_storage_v2::google::storage::v2 as proto;
 pub use iam::{has_member, iam_proto};
 
@@ -333,6 +333,22 @@ impl MockHandle {
     /// `None` disables the limit.
     pub fn set_bucket_rate_limit(&self, interval: Option<Duration>) {
         self.lock().controls.bucket_rate_limit = interval;
+    }
+
+    /// Turns seeded random faults and latency on ([`RandomFaults`]), with
+    /// fresh counts, or off (`None`, keeping nothing).
+    pub fn set_random_faults(&self, settings: Option<RandomFaults>) {
+        self.lock().controls.random = settings.map(faults::RandomState::new);
+    }
+
+    /// What random mode injected so far, by kind (zero when off).
+    pub fn random_fault_counts(&self) -> FaultCounts {
+        self.lock()
+            .controls
+            .random
+            .as_ref()
+            .map(|r| r.counts)
+            .unwrap_or_default()
     }
 
     /// How many calls the bucket rate limit rejected.

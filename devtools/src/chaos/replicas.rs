@@ -1,0 +1,215 @@
+//! Two `bucketmap operator --leader-elect` processes, supervised like the
+//! pods of a Deployment: one that exits (e.g. after losing its Lease while
+//! the API server is away) is started again a second later, and at random
+//! moments a random replica is killed with SIGKILL and started again.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use tokio::process::Child;
+use tokio::time::Instant;
+
+use bucketmap_testkit::testenv;
+
+/// How to start one replica.
+#[derive(Debug, Clone)]
+pub struct ReplicaSpec {
+    /// This binary (its hidden `operator` command is `bucketmap operator`).
+    pub exe: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub gcs_endpoint: String,
+    /// Namespace of the Lease.
+    pub lease_namespace: String,
+    /// Where each replica's stderr is appended (`replica-0.log`, ...).
+    pub log_dir: PathBuf,
+}
+
+/// When to kill: `kills` times, each after a random pause in `interval`.
+#[derive(Debug, Clone)]
+pub struct KillPlan {
+    pub kills: u32,
+    pub interval: std::ops::RangeInclusive<Duration>,
+    pub seed: u64,
+}
+
+/// What happened to the replicas.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReplicaCounts {
+    /// SIGKILLs sent.
+    pub kills: u32,
+    /// Of which to the Lease holder.
+    pub leader_kills: u32,
+    /// Exits nobody caused (lost Lease, API server away), each restarted.
+    pub exits: u32,
+    /// Processes started, first ones included.
+    pub starts: u32,
+}
+
+/// The two supervised replicas; [`Replicas::stop`] kills both.
+pub struct Replicas {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    counts: Arc<Mutex<ReplicaCounts>>,
+}
+
+const LEASE_NAME: &str = "bucketmap-operator";
+/// Replicas run; the operator ships with two.
+const REPLICAS: usize = 2;
+
+impl Replicas {
+    /// Starts both replicas and the supervisor that kills per `plan`.
+    pub fn start(spec: ReplicaSpec, plan: KillPlan, client: kube::Client) -> Self {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let counts = Arc::new(Mutex::new(ReplicaCounts::default()));
+        let supervisor = Supervisor {
+            spec,
+            client,
+            counts: counts.clone(),
+            rng: fastrand::Rng::with_seed(plan.seed),
+            children: std::array::from_fn(|_| None),
+            respawn_at: [Instant::now(); REPLICAS],
+        };
+        let task = tokio::spawn(supervisor.run(plan, stopped));
+        Replicas { stop, task, counts }
+    }
+
+    /// Kills both replicas and ends the supervision; returns the counts.
+    pub async fn stop(self) -> ReplicaCounts {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        *self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Supervisor {
+    spec: ReplicaSpec,
+    client: kube::Client,
+    counts: Arc<Mutex<ReplicaCounts>>,
+    rng: fastrand::Rng,
+    children: [Option<Child>; REPLICAS],
+    respawn_at: [Instant; REPLICAS],
+}
+
+impl Supervisor {
+    async fn run(mut self, plan: KillPlan, mut stopped: tokio::sync::watch::Receiver<bool>) {
+        let mut kills = 0;
+        let mut next_kill = Instant::now() + self.pause(&plan);
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => break,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            self.restart_exited();
+            if kills < plan.kills && Instant::now() >= next_kill {
+                let victim = self.rng.usize(..REPLICAS);
+                kills += u32::from(self.kill(victim).await);
+                next_kill = Instant::now() + self.pause(&plan);
+            }
+        }
+        for child in self.children.iter_mut().flatten() {
+            let _ = child.kill().await;
+        }
+    }
+
+    fn pause(&mut self, plan: &KillPlan) -> Duration {
+        let (low, high) = (*plan.interval.start(), *plan.interval.end());
+        low + high.saturating_sub(low).mul_f64(self.rng.f64())
+    }
+
+    fn count(&self, change: impl FnOnce(&mut ReplicaCounts)) {
+        change(&mut self.counts.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Starts every replica that is not running (a second after an exit).
+    fn restart_exited(&mut self) {
+        for slot in 0..REPLICAS {
+            if let Some(child) = &mut self.children[slot]
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                tracing::info!(replica = slot, %status, "operator replica exited; restarting it");
+                self.children[slot] = None;
+                self.respawn_at[slot] = Instant::now() + Duration::from_secs(1);
+                self.count(|c| c.exits += 1);
+            }
+            if self.children[slot].is_none() && Instant::now() >= self.respawn_at[slot] {
+                match spawn(&self.spec, slot) {
+                    Ok(child) => {
+                        self.children[slot] = Some(child);
+                        self.count(|c| c.starts += 1);
+                    }
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot start a replica"),
+                }
+            }
+        }
+    }
+
+    /// SIGKILLs replica `slot` (counting whether it held the Lease) and
+    /// starts it again; false when it was not running (nothing killed).
+    async fn kill(&mut self, slot: usize) -> bool {
+        let Some(mut child) = self.children[slot].take() else {
+            return false;
+        };
+        let leader = match child.id() {
+            Some(pid) => self.holds_lease(pid).await,
+            None => false,
+        };
+        // tokio's kill is SIGKILL on Unix: no shutdown, no Lease release.
+        let _ = child.kill().await;
+        tracing::info!(
+            replica = slot,
+            leader,
+            "killed an operator replica (SIGKILL)"
+        );
+        self.count(|c| {
+            c.kills += 1;
+            c.leader_kills += u32::from(leader);
+        });
+        self.respawn_at[slot] = Instant::now();
+        self.restart_exited();
+        true
+    }
+
+    /// Whether the process `pid` holds the Lease (default identities end
+    /// with `-<pid>`).
+    async fn holds_lease(&self, pid: u32) -> bool {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.spec.lease_namespace);
+        let holder = api.get_opt(LEASE_NAME).await.ok().flatten();
+        holder
+            .and_then(|l| l.spec?.holder_identity)
+            .is_some_and(|h| h.ends_with(&format!("-{pid}")))
+    }
+}
+
+/// Starts replica `slot` as its own process.
+fn spawn(spec: &ReplicaSpec, slot: usize) -> anyhow::Result<Child> {
+    let port = bucketmap_testkit::free_port()?;
+    let log = spec.log_dir.join(format!("replica-{slot}.log"));
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    let mut command = tokio::process::Command::new(&spec.exe);
+    command
+        .args(["operator", "--gcs-anonymous"])
+        .args(["--gcs-endpoint", &spec.gcs_endpoint])
+        .args(["--bucket-ops-interval", "0s"])
+        .args(["--leader-elect", "--leader-election-namespace"])
+        .arg(&spec.lease_namespace)
+        .args(["--lease-duration", "4s", "--lease-renew-margin", "2s"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", &spec.kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true);
+    testenv::die_with_parent(&mut command);
+    command
+        .spawn()
+        .with_context(|| format!("cannot start operator replica {slot}"))
+}
