@@ -352,14 +352,14 @@ impl FaultCounts {
 #[derive(Debug)]
 pub(crate) struct RandomState {
     settings: RandomFaults,
-    rng: SplitMix64,
+    rng: fastrand::Rng,
     pub(crate) counts: FaultCounts,
 }
 
 impl RandomState {
     pub(crate) fn new(settings: RandomFaults) -> Self {
         Self {
-            rng: SplitMix64(settings.seed),
+            rng: fastrand::Rng::with_seed(settings.seed),
             settings,
             counts: FaultCounts::default(),
         }
@@ -369,7 +369,7 @@ impl RandomState {
     fn roll(&mut self, method: &str, after_write: bool) -> Option<Status> {
         let s = &self.settings;
         let (code, counter) = if after_write {
-            if !changes_state(method) || !self.rng.chance(s.lost_response) {
+            if !changes_state(method) || !chance(&mut self.rng, s.lost_response) {
                 return None;
             }
             (Code::Unavailable, &mut self.counts.lost_responses)
@@ -381,7 +381,7 @@ impl RandomState {
             ];
             let code = kinds
                 .into_iter()
-                .find_map(|(p, code)| self.rng.chance(p).then_some(code))?;
+                .find_map(|(p, code)| chance(&mut self.rng, p).then_some(code))?;
             let counter = match code {
                 Code::Unavailable => &mut self.counts.unavailable,
                 Code::ResourceExhausted => &mut self.counts.resource_exhausted,
@@ -403,7 +403,7 @@ impl RandomState {
         if high <= low {
             return low;
         }
-        let latency = low + (high - low).mul_f64(self.rng.unit());
+        let latency = low + (high - low).mul_f64(self.rng.f64());
         if !latency.is_zero() {
             self.counts.delayed += 1;
         }
@@ -411,36 +411,16 @@ impl RandomState {
     }
 }
 
+/// True with probability `p`.
+fn chance(rng: &mut fastrand::Rng, p: f64) -> bool {
+    p > 0.0 && rng.f64() < p
+}
+
 /// Whether a call of `method` may change state (and so lose its answer).
 fn changes_state(method: &str) -> bool {
     !["Get", "List", "Read", "BidiRead", "QueryWriteStatus"]
         .iter()
         .any(|prefix| method.starts_with(prefix))
-}
-
-/// SplitMix64 (Steele, Lea, Flood 2014): a tiny seeded generator, plenty
-/// for drawing faults (the test kit takes no random-number dependency).
-#[derive(Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// True with probability `p`.
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && self.unit() < p
-    }
 }
 
 #[cfg(test)]
