@@ -286,16 +286,24 @@ struct Proxies {
     sidecar: usize,
 }
 
+/// What the proxies in front of an upstream need besides it: nginx's
+/// binary (none when it cannot be had) and the TLS upstream's CA.
+#[derive(Clone, Copy)]
+struct Peers<'a> {
+    nginx: Option<&'a Path>,
+    tls: &'a Tls,
+}
+
 /// Starts the paths to `upstream`: direct, the TCP relay (plain upstreams),
 /// nginx plain and rewrite (when `nginx` is given), the sidecar (on a TLS
 /// upstream twice: `--upstream-http 2` and `1.1`).
 async fn start_proxies(
     client: &HttpClient,
     upstream: &Upstream,
-    nginx: Option<&Path>,
-    tls: &Tls,
+    peers: Peers<'_>,
     dir: &Path,
 ) -> Result<Proxies> {
+    let Peers { nginx, tls } = peers;
     let mut endpoints = vec![Endpoint {
         tls: upstream.tls,
         ..Endpoint::plain("direct", upstream.addr, PHYSICAL)
@@ -367,8 +375,7 @@ async fn upstream_runs(
     settings: &Settings,
     client: &HttpClient,
     upstream: Upstream,
-    nginx: Option<&Path>,
-    tls: &Tls,
+    peers: Peers<'_>,
     dir: &Path,
     chunk: &Bytes,
     report: &mut Report,
@@ -377,7 +384,7 @@ async fn upstream_runs(
         paths,
         mut procs,
         sidecar,
-    } = start_proxies(client, &upstream, nginx, tls, dir).await?;
+    } = start_proxies(client, &upstream, peers, dir).await?;
     if settings.latency {
         report
             .metadata
@@ -490,7 +497,10 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
             None
         }
     };
-    let nginx = nginx.as_deref();
+    let peers = Peers {
+        nginx: nginx.as_deref(),
+        tls: &tls,
+    };
     let per_upstream = settings.latency || settings.rps || settings.streaming;
 
     // In-process upstream, plain and TLS.
@@ -512,17 +522,8 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
             size: settings.big,
             tls: false,
         };
-        let hwm = upstream_runs(
-            &settings,
-            &client,
-            target,
-            nginx,
-            &tls,
-            dir,
-            &chunk,
-            &mut report,
-        )
-        .await?;
+        let hwm =
+            upstream_runs(&settings, &client, target, peers, dir, &chunk, &mut report).await?;
         report.main_sidecar_hwm_kib = Some(hwm);
         if let Some(addr) = tls_upstream {
             let target = Upstream {
@@ -532,17 +533,7 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
                 size: settings.big,
                 tls: true,
             };
-            upstream_runs(
-                &settings,
-                &client,
-                target,
-                nginx,
-                &tls,
-                dir,
-                &chunk,
-                &mut report,
-            )
-            .await?;
+            upstream_runs(&settings, &client, target, peers, dir, &chunk, &mut report).await?;
         }
     }
 
@@ -558,17 +549,7 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
                     size: settings.fake_big,
                     tls: false,
                 };
-                upstream_runs(
-                    &settings,
-                    &client,
-                    target,
-                    nginx,
-                    &tls,
-                    dir,
-                    &chunk,
-                    &mut report,
-                )
-                .await?;
+                upstream_runs(&settings, &client, target, peers, dir, &chunk, &mut report).await?;
                 fake.check_running()?;
             }
             Err(e) => report.notes.push(format!(

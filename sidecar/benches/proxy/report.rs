@@ -91,7 +91,13 @@ pub(crate) fn bases(labels: &[&str]) -> (usize, Option<usize>) {
 }
 
 /// `value` and its ratios to the direct path's and nginx-rewrite's.
-pub(crate) fn with_ratios(text: String, value: f64, values: &[f64], labels: &[&str], index: usize) -> String {
+pub(crate) fn with_ratios(
+    text: String,
+    value: f64,
+    values: &[f64],
+    labels: &[&str],
+    index: usize,
+) -> String {
     let (direct, rewrite) = bases(labels);
     let mut parts = Vec::new();
     if index != direct {
