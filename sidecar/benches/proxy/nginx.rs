@@ -117,7 +117,8 @@ pub(crate) async fn start_nginx(
         NginxMode::Plain => "nginx",
         NginxMode::Rewrite => "nginx-rewrite",
     };
-    let prefix = dir.join(format!("{name}-{tag}"));
+    // nginx's configuration takes no spaces in unquoted paths.
+    let prefix = dir.join(format!("{name}-{}", tag.replace(' ', "-")));
     std::fs::create_dir_all(&prefix)
         .with_context(|| format!("cannot create {}", prefix.display()))?;
     let conf = prefix.join("nginx.conf");
