@@ -618,7 +618,9 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("bench failed: {e:#}");
+            // Kept for the logs of the processes (nginx's error.log and others).
+            let kept = dir.keep();
+            eprintln!("bench failed: {e:#}\n(logs kept in {})", kept.display());
             std::process::ExitCode::FAILURE
         }
     }

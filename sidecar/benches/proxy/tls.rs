@@ -4,7 +4,7 @@
 
 use super::*;
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// The name the TLS upstream's certificate is issued to (besides 127.0.0.1).
 pub(crate) const TLS_NAME: &str = "localhost";
@@ -28,10 +28,17 @@ impl Tls {
     pub(crate) fn new(dir: &Path) -> Result<Tls> {
         let mut ca_params = CertificateParams::default();
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        // Distinct subjects: OpenSSL (nginx) takes a leaf whose issuer
+        // equals its subject (rcgen's default name for both) as self-signed.
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "bucketmap bench CA");
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)
             .context("cannot issue the bench CA")?;
         let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(vec![TLS_NAME.to_owned(), "127.0.0.1".to_owned()])?
+        let mut leaf = CertificateParams::new(vec![TLS_NAME.to_owned(), "127.0.0.1".to_owned()])?;
+        leaf.distinguished_name.push(DnType::CommonName, TLS_NAME);
+        let cert = leaf
             .signed_by(&key, &ca)
             .context("cannot issue the upstream certificate")?;
         let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der())
