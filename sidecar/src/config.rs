@@ -25,6 +25,22 @@ pub enum LogFormat {
     Json,
 }
 
+/// HTTP version the sidecar speaks to the HTTP upstream (`--upstream-http`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum UpstreamHttp {
+    /// HTTP/2 when TLS ALPN offers it (GCS does), else HTTP/1.1; plain
+    /// http:// upstreams get HTTP/1.1.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only: a pool of keep-alive connections.
+    #[value(name = "1.1")]
+    Http1,
+    /// HTTP/2 only: one multiplexed connection (h2c prior knowledge for
+    /// http:// upstreams).
+    #[value(name = "2")]
+    Http2,
+}
+
 /// Lets unmodified Google Cloud Storage clients use logical bucket names.
 ///
 /// Point the application at the sidecar (for example
@@ -66,6 +82,13 @@ pub struct Config {
     /// TLS emulator with a throwaway CA.
     #[arg(long, value_name = "PATH")]
     pub upstream_ca_file: Option<std::path::PathBuf>,
+
+    /// HTTP version spoken to --upstream: "auto" takes HTTP/2 when TLS ALPN
+    /// offers it (as GCS does) and HTTP/1.1 otherwise, "1.1" keeps a pool of
+    /// HTTP/1.1 keep-alive connections, "2" multiplexes requests over one
+    /// HTTP/2 connection (h2c for http://). The gRPC upstream is always HTTP/2.
+    #[arg(long, value_enum, default_value = "auto", value_name = "VERSION")]
+    pub upstream_http: UpstreamHttp,
 
     /// Largest gRPC message (after decompression) the sidecar reads to
     /// rewrite, in bytes; larger ones are refused with RESOURCE_EXHAUSTED.
@@ -254,6 +277,34 @@ mod tests {
         assert_eq!(cfg.mapping_poll_interval, Duration::from_secs(2));
         assert_eq!(cfg.max_metadata_bytes, 8 * 1024 * 1024);
         assert!(cfg.validate().is_ok());
+    }
+
+    #[test]
+    fn upstream_http_versions() {
+        let version = |args: &[&str]| {
+            let mut all = vec!["--map", "photos=photos-k3x9q2mw"];
+            all.extend_from_slice(args);
+            parse(&all).map(|cfg| cfg.upstream_http)
+        };
+        assert_eq!(version(&[]).expect("default"), UpstreamHttp::Auto);
+        assert_eq!(
+            version(&["--upstream-http", "auto"]).expect("auto"),
+            UpstreamHttp::Auto
+        );
+        assert_eq!(
+            version(&["--upstream-http", "1.1"]).expect("1.1"),
+            UpstreamHttp::Http1
+        );
+        assert_eq!(
+            version(&["--upstream-http", "2"]).expect("2"),
+            UpstreamHttp::Http2
+        );
+        for bad in ["1", "http2", "h2", ""] {
+            assert!(
+                version(&["--upstream-http", bad]).is_err(),
+                "{bad:?} accepted"
+            );
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ use tower::{Layer as _, Service};
 
 use crate::batch;
 use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, empty, full};
+use crate::config::UpstreamHttp;
 use crate::encoding::{Encoding, Gunzip, GunzipError, content_encoding, gunzip};
 use crate::errors::ApiError;
 use crate::layers::refuse::{METHOD_OVERRIDE, Routed};
@@ -42,24 +43,47 @@ use crate::upload;
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
 /// Builds the upstream client: HTTP/1.1 and HTTP/2 over rustls with the
-/// bundled webpki roots (distroless images have no CA store), or plain HTTP.
+/// bundled webpki roots (distroless images have no CA store), or plain HTTP;
+/// HTTP/2 when ALPN offers it (`--upstream-http auto`).
 pub fn build_client(
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<HttpClient> {
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    build_upstream_client(connect_timeout, pool_idle_timeout, tls, UpstreamHttp::Auto)
+}
+
+/// [`build_client`] speaking the HTTP version `http` (`--upstream-http`):
+/// both offered by ALPN (auto), HTTP/1.1 only (a keep-alive pool) or HTTP/2
+/// only (one multiplexed connection, h2c prior knowledge on http://).
+pub fn build_upstream_client(
+    connect_timeout: Duration,
+    pool_idle_timeout: Duration,
+    tls: rustls::ClientConfig,
+    http: UpstreamHttp,
+) -> anyhow::Result<HttpClient> {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(tcp_connector(connect_timeout));
+        .https_or_http();
+    let https = match http {
+        UpstreamHttp::Auto => builder
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(tcp_connector(connect_timeout)),
+        UpstreamHttp::Http1 => builder
+            .enable_http1()
+            .wrap_connector(tcp_connector(connect_timeout)),
+        UpstreamHttp::Http2 => builder
+            .enable_http2()
+            .wrap_connector(tcp_connector(connect_timeout)),
+    };
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool_idle_timeout)
         // hyper lets each upstream connection's read buffer grow to ~400 KiB;
         // with many concurrent streams that dominates the sidecar's memory.
         // 64 KiB keeps streaming throughput and bounds it (benches/proxy.rs).
         .http1_max_buf_size(64 * 1024)
+        .http2_only(http == UpstreamHttp::Http2)
         .build(https))
 }
 

@@ -26,7 +26,7 @@ use crate::layers::record::RecordLayer;
 use crate::layers::refuse::RefuseLayer;
 use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
-use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings, build_client};
+use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings, build_upstream_client};
 
 /// Connection-level limits.
 #[derive(Clone, Copy, Debug)]
@@ -182,7 +182,12 @@ fn build_proxy(
     metrics: &Arc<Metrics>,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<Arc<Proxy>> {
-    let client = build_client(config.connect_timeout, config.pool_idle_timeout, tls)?;
+    let client = build_upstream_client(
+        config.connect_timeout,
+        config.pool_idle_timeout,
+        tls,
+        config.upstream_http,
+    )?;
     let settings = ProxySettings {
         allow_physical_names: config.allow_physical_names,
         max_metadata_bytes: config.max_metadata_bytes,

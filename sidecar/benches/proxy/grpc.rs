@@ -1,0 +1,399 @@
+//! gRPC: google.storage.v2 over h2c, the in-repo mock GCS direct and via the sidecar.
+
+use super::*;
+
+/// The generated `google.storage.v2.Storage` client over a plain hyper h2c
+/// client (no tonic `Channel`: nothing between the call and the wire but
+/// what any gRPC client does).
+pub(crate) type GrpcClient = StorageClient<Client<HttpConnector, tonic::body::Body>>;
+/// Bytes per WriteObject data message and per mock read chunk.
+pub(crate) const GRPC_CHUNK: usize = 2 * MIB as usize;
+/// Unary calls per block; the blocks alternate between the paths.
+pub(crate) const GRPC_BLOCK: u32 = 100;
+
+pub(crate) fn grpc_client(addr: SocketAddr) -> Result<GrpcClient> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let transport = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(connector);
+    let origin: Uri = format!("http://{addr}").parse()?;
+    Ok(StorageClient::with_origin(transport, origin)
+        .max_decoding_message_size(4 * GRPC_CHUNK)
+        .max_encoding_message_size(4 * GRPC_CHUNK))
+}
+
+/// `message` with the routing header Google's clients send for `bucket`.
+pub(crate) fn routed<T>(message: T, bucket: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Ok(value) = format!("bucket=projects%2F_%2Fbuckets%2F{bucket}").parse() {
+        request
+            .metadata_mut()
+            .insert("x-goog-request-params", value);
+    }
+    request
+}
+
+pub(crate) fn grpc_bucket(bucket: &str) -> String {
+    format!("projects/_/buckets/{bucket}")
+}
+
+/// The mock GCS on its own thread and single-threaded runtime (as the HTTP
+/// upstream), holding the physical bucket, object `x` (595 bytes) and
+/// object `big` (`size` bytes). Serves until the bench exits.
+pub(crate) fn start_mock_gcs(size: u64, chunk: &Bytes) -> Result<SocketAddr> {
+    let mut data = Vec::with_capacity(usize::try_from(size)?);
+    while (data.len() as u64) < size {
+        data.extend_from_slice(chunk);
+    }
+    data.truncate(usize::try_from(size)?);
+    let (tx, rx) = std::sync::mpsc::channel::<Result<SocketAddr>>();
+    std::thread::Builder::new()
+        .name("bench-mock-gcs".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("mock GCS runtime");
+            runtime.block_on(async move {
+                let started = async {
+                    let mock = MockGcs::start().await?;
+                    let handle = mock.handle();
+                    let bucket = proto::Bucket {
+                        bucket_id: PHYSICAL.to_owned(),
+                        ..Default::default()
+                    };
+                    handle.insert_bucket("bench", bucket)?;
+                    handle.put_object_data(PHYSICAL, "x", vec![b'x'; 595])?;
+                    handle.put_object_data(PHYSICAL, "big", data)?;
+                    anyhow::Ok(mock)
+                };
+                match started.await {
+                    Ok(mock) => {
+                        let _ = tx.send(Ok(mock.addr()));
+                        std::future::pending::<()>().await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            });
+        })
+        .context("cannot start the mock GCS thread")?;
+    rx.recv()
+        .context("the mock GCS thread ended before it started")?
+}
+
+/// Starts the sidecar with its gRPC upstream the mock at `mock` (the HTTP
+/// upstream is the in-process one, unused here).
+pub(crate) async fn start_grpc_sidecar(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    mock: SocketAddr,
+    dir: &Path,
+    allow_physical: bool,
+) -> Result<(Proc, SocketAddr)> {
+    let log = dir.join("sidecar-grpc");
+    start_on_free_port(
+        client,
+        "bucketmap-sidecar",
+        "/_bucketmap/readyz",
+        &log,
+        |addr| {
+            let mut cmd = Command::new(sidecar_bin());
+            if allow_physical {
+                cmd.arg("--allow-physical-names");
+            }
+            cmd.args(["--listen", &addr.to_string()])
+                .args(["--upstream", &format!("http://{upstream}")])
+                .args(["--grpc-upstream", &format!("http://{mock}")])
+                .arg("--no-auth")
+                .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1");
+            cmd
+        },
+    )
+    .await
+}
+
+/// One unary GetObject of `x`: its latency, after checking the answer
+/// names `bucket` (so the sidecar's answers really were rewritten).
+pub(crate) async fn grpc_get(client: &mut GrpcClient, bucket: &str) -> Result<Duration> {
+    let request = proto::GetObjectRequest {
+        bucket: grpc_bucket(bucket),
+        object: "x".into(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let object = tokio::time::timeout(METADATA_TIMEOUT, client.get_object(routed(request, bucket)))
+        .await
+        .map_err(|_| anyhow!("GetObject timed out after {METADATA_TIMEOUT:?}"))??
+        .into_inner();
+    let elapsed = started.elapsed();
+    if object.bucket != grpc_bucket(bucket) || object.size != 595 {
+        bail!(
+            "GetObject answered {} ({} bytes)",
+            object.bucket,
+            object.size
+        );
+    }
+    Ok(elapsed)
+}
+
+/// One ReadObject of `big`, every byte counted; the time to the last one.
+pub(crate) async fn grpc_read(
+    client: &mut GrpcClient,
+    bucket: &str,
+    size: u64,
+) -> Result<Duration> {
+    let request = proto::ReadObjectRequest {
+        bucket: grpc_bucket(bucket),
+        object: "big".into(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let work = async {
+        let mut stream = client
+            .read_object(routed(request, bucket))
+            .await?
+            .into_inner();
+        let mut received = 0u64;
+        while let Some(message) = stream.message().await? {
+            if let Some(data) = message.checksummed_data {
+                received += data.content.len() as u64;
+            }
+        }
+        anyhow::Ok(received)
+    };
+    let received = tokio::time::timeout(STREAM_TIMEOUT, work)
+        .await
+        .map_err(|_| anyhow!("ReadObject timed out after {STREAM_TIMEOUT:?}"))??;
+    if received != size {
+        bail!("ReadObject got {received} bytes, expected {size}");
+    }
+    Ok(started.elapsed())
+}
+
+/// One WriteObject of `size` bytes in 2 MiB messages, generated as the
+/// transport asks for them; the time to the answer.
+pub(crate) async fn grpc_write(
+    client: &mut GrpcClient,
+    bucket: &str,
+    size: u64,
+    chunk: &Bytes,
+) -> Result<Duration> {
+    use proto::write_object_request::{Data, FirstMessage};
+    let spec = proto::WriteObjectSpec {
+        resource: Some(proto::Object {
+            name: "written".into(),
+            bucket: grpc_bucket(bucket),
+            ..Default::default()
+        }),
+        object_size: i64::try_from(size).ok(),
+        ..Default::default()
+    };
+    let message: Vec<u8> = chunk.iter().copied().cycle().take(GRPC_CHUNK).collect();
+    let count = size.div_ceil(GRPC_CHUNK as u64);
+    let messages = futures::stream::iter((0..count).map(move |i| {
+        let offset = i * GRPC_CHUNK as u64;
+        let len = (size - offset).min(GRPC_CHUNK as u64) as usize;
+        proto::WriteObjectRequest {
+            write_offset: offset as i64,
+            first_message: (i == 0).then(|| FirstMessage::WriteObjectSpec(spec.clone())),
+            data: Some(Data::ChecksummedData(proto::ChecksummedData {
+                content: message[..len].to_vec(),
+                crc32c: None,
+            })),
+            finish_write: i + 1 == count,
+            ..Default::default()
+        }
+    }));
+    let started = Instant::now();
+    let response = tokio::time::timeout(
+        STREAM_TIMEOUT,
+        client.write_object(routed(messages, bucket)),
+    )
+    .await
+    .map_err(|_| anyhow!("WriteObject timed out after {STREAM_TIMEOUT:?}"))??
+    .into_inner();
+    let elapsed = started.elapsed();
+    match response.write_status {
+        Some(proto::write_object_response::WriteStatus::Resource(object))
+            if object.size as u64 == size && object.bucket == grpc_bucket(bucket) =>
+        {
+            Ok(elapsed)
+        }
+        other => bail!("WriteObject answered {other:?}"),
+    }
+}
+
+/// The gRPC figures: direct to the mock GCS, and via the sidecar.
+pub(crate) struct GrpcFigures {
+    pub(crate) calls: u32,
+    pub(crate) size: u64,
+    /// Unary GetObject latency, direct and via the sidecar.
+    pub(crate) latencies: [Latencies; 2],
+    /// MiB/s per repetition, direct and via the sidecar, per direction.
+    pub(crate) rates: Vec<(Direction, [Vec<f64>; 2])>,
+    pub(crate) idle_rss_kib: u64,
+    pub(crate) hwm_kib: u64,
+    /// The sidecar was sent physical names (`BUCKETMAP_BENCH_GRPC_PHYSICAL`).
+    pub(crate) physical: bool,
+}
+
+/// GetObject latency and ReadObject / WriteObject throughput, direct to
+/// the mock GCS and via a sidecar of its own, the paths taking turns.
+pub(crate) async fn grpc_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+    chunk: &Bytes,
+) -> Result<GrpcFigures> {
+    let size = settings.grpc_big;
+    let mock = start_mock_gcs(size, chunk)?;
+    let physical = std::env::var_os("BUCKETMAP_BENCH_GRPC_PHYSICAL").is_some_and(|v| v != "0");
+    let (mut sidecar, sidecar_addr) =
+        start_grpc_sidecar(client, upstream, mock, dir, physical).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
+    let mut paths = [
+        (grpc_client(mock)?, PHYSICAL),
+        (
+            grpc_client(sidecar_addr)?,
+            if physical { PHYSICAL } else { LOGICAL },
+        ),
+    ];
+    eprintln!(
+        "[grpc] GetObject: {} calls per path in blocks of {GRPC_BLOCK}, closed loop",
+        settings.grpc_calls
+    );
+    for (client, bucket) in &mut paths {
+        for _ in 0..GRPC_BLOCK {
+            grpc_get(client, bucket).await?;
+        }
+    }
+    let mut samples: [Vec<Duration>; 2] = Default::default();
+    for block in 0..settings.grpc_calls.div_ceil(GRPC_BLOCK) as usize {
+        for turn in 0..2 {
+            let index = (block + turn) % 2;
+            let (client, bucket) = &mut paths[index];
+            for _ in 0..GRPC_BLOCK {
+                samples[index].push(grpc_get(client, bucket).await?);
+            }
+        }
+    }
+    let latencies = samples.map(|s| Latencies::new(s, Vec::new(), Vec::new()));
+    let mut rates = Vec::new();
+    for direction in [Direction::Upload, Direction::Download] {
+        let what = match direction {
+            Direction::Upload => "WriteObject",
+            Direction::Download => "ReadObject",
+        };
+        eprintln!(
+            "[grpc] {what} of {} MiB, {} repetition(s) per path",
+            size / MIB,
+            settings.reps
+        );
+        let mut per_path: [Vec<f64>; 2] = Default::default();
+        for rep in 0..settings.reps as usize {
+            for turn in 0..2 {
+                let index = (rep + turn) % 2;
+                let (client, bucket) = &mut paths[index];
+                let elapsed = match direction {
+                    Direction::Upload => grpc_write(client, bucket, size, chunk).await?,
+                    Direction::Download => grpc_read(client, bucket, size).await?,
+                };
+                let rate = mib_per_s(size, elapsed);
+                eprintln!(
+                    "  {what} {}: {rate:.0} MiB/s ({elapsed:.2?})",
+                    ["direct", "sidecar"][index]
+                );
+                per_path[index].push(rate);
+            }
+        }
+        rates.push((direction, per_path));
+    }
+    sidecar.check_running()?;
+    let (_, hwm_kib) = memory_kib(sidecar.pid())?;
+    Ok(GrpcFigures {
+        calls: settings.grpc_calls.div_ceil(GRPC_BLOCK) * GRPC_BLOCK,
+        size,
+        latencies,
+        rates,
+        idle_rss_kib,
+        hwm_kib,
+        physical,
+    })
+}
+
+impl GrpcFigures {
+    pub(crate) fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\n### gRPC (google.storage.v2 over h2c, the in-repo mock GCS)\n\nThe mock runs in the bench process on its own thread; the client is the generated tonic client over hyper h2c. Unary `GetObject` of a 595-byte object: {} sequential calls per path (closed loop) in blocks of {GRPC_BLOCK}, the paths taking turns. `WriteObject` (2 MiB messages) and `ReadObject` (the mock's 2 MiB chunks) of {} MiB: median MiB/s (range) of the repetitions. Ratios are via the sidecar against direct.\n",
+            self.calls,
+            self.size / MIB
+        );
+        if self.physical {
+            let _ = writeln!(
+                out,
+                "Via the sidecar with `--allow-physical-names`, physical names: no name was rewritten.\n"
+            );
+        }
+        let _ = writeln!(out, "| GetObject | p50 | p90 | p99 | max |");
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        let [direct, via] = &self.latencies;
+        for (label, lat) in [("direct", direct), ("via sidecar", via)] {
+            let mut row = format!("| {label} |");
+            for p in [50.0, 90.0, 99.0] {
+                let value = lat.percentile(p);
+                let _ = write!(row, " {}", fmt_duration(value));
+                if std::ptr::eq(lat, via) {
+                    let base = direct.percentile(p);
+                    let _ = write!(
+                        row,
+                        " ({:.2}×, {})",
+                        ratio(value.as_secs_f64(), base.as_secs_f64()),
+                        fmt_added(value, base)
+                    );
+                }
+                row.push_str(" |");
+            }
+            let _ = writeln!(out, "{row} {} |", fmt_duration(lat.max()));
+        }
+        let _ = writeln!(out, "\n| transfer | direct | via sidecar | ratio |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        for (direction, rates) in &self.rates {
+            let what = match direction {
+                Direction::Upload => "WriteObject",
+                Direction::Download => "ReadObject",
+            };
+            let cell = |values: &[f64]| {
+                let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = values.iter().copied().fold(0.0, f64::max);
+                if values.len() > 1 {
+                    format!("{:.0} MiB/s ({lo:.0}–{hi:.0})", median(values))
+                } else {
+                    format!("{:.0} MiB/s", median(values))
+                }
+            };
+            let r = ratio(median(&rates[1]), median(&rates[0]));
+            let _ = writeln!(
+                out,
+                "| {what} {} MiB | {} | {} | {:.1} % |",
+                self.size / MIB,
+                cell(&rates[0]),
+                cell(&rates[1]),
+                r * 100.0,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nThe gRPC sidecar's RSS: {} idle, peak (`VmHWM`) {} after all of the above.",
+            mib(self.idle_rss_kib),
+            mib(self.hwm_kib)
+        );
+    }
+}

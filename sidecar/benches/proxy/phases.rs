@@ -1,0 +1,349 @@
+//! The phases over HTTP: metadata latency, streaming, memory, instruction counts.
+
+use super::*;
+
+/// One upstream, reached directly, through the relay and through its sidecar.
+pub(crate) struct Paths {
+    pub(crate) upstream: &'static str,
+    /// Per path, direct first.
+    pub(crate) endpoints: Vec<Endpoint>,
+    /// What each path's CPU is: client + upstream (direct), the proxy's.
+    pub(crate) meters: Vec<CpuMeter>,
+}
+
+impl Paths {
+    pub(crate) fn labels(&self) -> Vec<&'static str> {
+        self.endpoints.iter().map(|e| e.label).collect()
+    }
+
+    /// The order of the paths in turn `turn`: rotated, so that no path
+    /// always follows the same one.
+    pub(crate) fn turn(&self, turn: usize) -> impl Iterator<Item = usize> {
+        let n = self.endpoints.len();
+        (0..n).map(move |i| (turn + i) % n)
+    }
+}
+
+pub(crate) async fn metadata_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    paths: &Paths,
+) -> Result<MetadataFigures> {
+    let upstream = paths.upstream;
+    eprintln!(
+        "[{upstream}] metadata: warm-up, then {} req/s for {:?} per path in {} blocks per path",
+        settings.rate,
+        settings.per_path(),
+        settings.blocks
+    );
+    for endpoint in &paths.endpoints {
+        for _ in 0..settings.warmup {
+            let (_, body) = get_metadata(client, endpoint.metadata())
+                .await
+                .with_context(|| format!("warm-up GET via {}", endpoint.label))?;
+            check_bucket_field(&body, endpoint.bucket)?;
+        }
+    }
+    let mut runs: Vec<PathRun> = paths.endpoints.iter().map(|_| PathRun::default()).collect();
+    for block in 0..settings.blocks as usize {
+        for index in paths.turn(block) {
+            let (endpoint, meter, run) = (
+                &paths.endpoints[index],
+                &paths.meters[index],
+                &mut runs[index],
+            );
+            let before = meter.read();
+            let first = run.samples.len();
+            open_loop(
+                client,
+                endpoint,
+                settings.rate,
+                settings.block,
+                &mut run.samples,
+                &mut run.errors,
+            )
+            .await;
+            run.cpu_ns += meter.read().saturating_sub(before);
+            let block = Latencies::new(run.samples[first..].to_vec(), Vec::new(), Vec::new());
+            run.block_p99.push(block.percentile(99.0));
+        }
+    }
+    Ok(MetadataFigures {
+        upstream,
+        labels: paths.labels(),
+        cpu_ns: runs.iter().map(|r| r.cpu_ns).collect(),
+        latencies: runs.into_iter().map(PathRun::into_latencies).collect(),
+    })
+}
+
+/// What one path (direct or proxied) collects over the blocks.
+#[derive(Default)]
+pub(crate) struct PathRun {
+    pub(crate) samples: Vec<Duration>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) cpu_ns: u64,
+    pub(crate) block_p99: Vec<Duration>,
+}
+
+impl PathRun {
+    pub(crate) fn into_latencies(self) -> Latencies {
+        Latencies::new(self.samples, self.errors, self.block_p99)
+    }
+}
+
+pub(crate) async fn streaming_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    paths: &Paths,
+    size: u64,
+    chunk: &Bytes,
+) -> Result<Vec<StreamFigures>> {
+    let upstream = paths.upstream;
+    let mut out = Vec::new();
+    for direction in [Direction::Upload, Direction::Download] {
+        eprintln!(
+            "[{upstream}] streaming: {} of {} MiB, {} repetition(s) per path",
+            direction.as_str(),
+            size / MIB,
+            settings.reps
+        );
+        let mut figures = StreamFigures {
+            upstream,
+            size,
+            direction,
+            labels: paths.labels(),
+            rates: vec![Vec::new(); paths.endpoints.len()],
+            cpu_ns: vec![0; paths.endpoints.len()],
+        };
+        for rep in 0..settings.reps as usize {
+            for index in paths.turn(rep) {
+                let (endpoint, meter) = (&paths.endpoints[index], &paths.meters[index]);
+                let before = meter.read();
+                let elapsed = match direction {
+                    Direction::Upload => upload(client, endpoint, "big", size, chunk).await?,
+                    Direction::Download => download(client, endpoint, "big", size).await?,
+                };
+                figures.cpu_ns[index] += meter.read().saturating_sub(before);
+                let rate = mib_per_s(size, elapsed);
+                eprintln!(
+                    "  {} {}: {rate:.0} MiB/s ({elapsed:.2?})",
+                    direction.as_str(),
+                    endpoint.label
+                );
+                figures.rates[index].push(rate);
+            }
+        }
+        out.push(figures);
+    }
+    Ok(out)
+}
+
+/// Connections of the closed-loop requests-per-second runs.
+pub(crate) const CONNECTIONS: [usize; 2] = [1, 16];
+
+/// Requests per second of metadata GETs on every path, closed loop at 1 and
+/// 16 connections, the paths taking turns in blocks.
+pub(crate) async fn throughput_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    paths: &Paths,
+) -> ThroughputFigures {
+    let upstream = paths.upstream;
+    let n = paths.endpoints.len();
+    eprintln!(
+        "[{upstream}] requests per second: {:?} per path and connection count in {} blocks",
+        settings.rps_block * settings.rps_blocks,
+        settings.rps_blocks
+    );
+    let mut figures = ThroughputFigures {
+        upstream,
+        labels: paths.labels(),
+        rows: Vec::new(),
+        errors: 0,
+    };
+    for connections in CONNECTIONS {
+        let (mut done, mut cpu_ns) = (vec![0u64; n], vec![0u64; n]);
+        for block in 0..settings.rps_blocks as usize {
+            for index in paths.turn(block) {
+                let meter = &paths.meters[index];
+                let before = meter.read();
+                let (ok, failed) = closed_loop(
+                    client,
+                    &paths.endpoints[index],
+                    connections,
+                    settings.rps_block,
+                )
+                .await;
+                cpu_ns[index] += meter.read().saturating_sub(before);
+                done[index] += ok;
+                figures.errors += failed;
+            }
+        }
+        let seconds = (settings.rps_block * settings.rps_blocks).as_secs_f64();
+        let rps = done.iter().map(|&d| d as f64 / seconds).collect();
+        let cpu_us = cpu_ns
+            .iter()
+            .zip(&done)
+            .map(|(&ns, &d)| ns as f64 / 1000.0 / d.max(1) as f64)
+            .collect();
+        figures.rows.push((connections, rps, cpu_us));
+    }
+    figures
+}
+
+/// The sidecar the memory phase measures: in front of `direct`'s upstream
+/// (`upstream`, a URL), with the arguments `extra`.
+pub(crate) struct MemoryTarget {
+    pub(crate) label: &'static str,
+    pub(crate) direct: Endpoint,
+    pub(crate) upstream: String,
+    pub(crate) extra: Vec<String>,
+}
+
+pub(crate) async fn memory_phase(
+    settings: &Settings,
+    client: &HttpClient,
+    target: &MemoryTarget,
+    dir: &Path,
+    chunk: &Bytes,
+) -> Result<MemoryFigures> {
+    let extra: Vec<&str> = target.extra.iter().map(String::as_str).collect();
+    let tag = format!("memory-{}", target.label.replace([' ', ','], "-"));
+    let (mut sidecar, addr) =
+        start_sidecar_to(client, &target.upstream, &extra, dir, &tag, Launch::Plain).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
+    let direct = target.direct;
+    let via = Endpoint::plain("sidecar", addr, LOGICAL);
+    let mut rows = Vec::new();
+    for direction in [Direction::Download, Direction::Upload] {
+        eprintln!(
+            "[memory: {}] {} concurrent {}s of {} MiB each, direct then via a fresh sidecar",
+            target.label,
+            settings.streams,
+            direction.as_str(),
+            settings.stream_size / MIB
+        );
+        let total = settings.stream_size * settings.streams as u64;
+        let direct_time = concurrent(
+            client,
+            &direct,
+            direction,
+            settings.streams,
+            settings.stream_size,
+            chunk,
+        )
+        .await?;
+        let via_time = concurrent(
+            client,
+            &via,
+            direction,
+            settings.streams,
+            settings.stream_size,
+            chunk,
+        )
+        .await?;
+        sidecar.check_running()?;
+        let (_, hwm) = memory_kib(sidecar.pid())?;
+        rows.push(MemoryRow {
+            direction,
+            direct: mib_per_s(total, direct_time),
+            via: mib_per_s(total, via_time),
+            hwm_after_kib: hwm,
+        });
+    }
+    Ok(MemoryFigures {
+        label: target.label.to_owned(),
+        idle_rss_kib,
+        rows,
+    })
+}
+
+/// Metadata requests counted per path under callgrind (after a warm-up).
+pub(crate) const COUNTED_REQUESTS: u64 = 2000;
+
+/// Instructions per proxied metadata request, relay and sidecar.
+pub(crate) struct InstructionFigures {
+    pub(crate) relay: u64,
+    pub(crate) sidecar: u64,
+}
+
+/// Counts the instructions the relay and the sidecar execute per metadata
+/// request (sequential GETs through each, in front of the in-process
+/// upstream), with callgrind. Unlike times, these counts do not move with
+/// whatever else the machine runs, so they show changes in the proxy's own
+/// work exactly.
+pub(crate) async fn instructions_phase(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+) -> Result<InstructionFigures> {
+    let out = dir.join("callgrind-relay.out");
+    let (relay, addr) =
+        start_relay(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
+    let relay = count_instructions(client, relay, addr, PHYSICAL, &out).await?;
+    let out = dir.join("callgrind-sidecar.out");
+    let (sidecar, addr) =
+        start_sidecar(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
+    let sidecar = count_instructions(client, sidecar, addr, LOGICAL, &out).await?;
+    Ok(InstructionFigures { relay, sidecar })
+}
+
+/// Instructions per metadata GET of `proc`, a proxy at `addr` running under
+/// callgrind (counts in `out`), reaching the object through `bucket`.
+pub(crate) async fn count_instructions(
+    client: &HttpClient,
+    mut proc: Proc,
+    addr: SocketAddr,
+    bucket: &'static str,
+    out: &Path,
+) -> Result<u64> {
+    eprintln!(
+        "[instructions] {COUNTED_REQUESTS} metadata GETs via {} under callgrind",
+        proc.name
+    );
+    let endpoint = Endpoint::plain(proc.name, addr, bucket);
+    for _ in 0..200 {
+        get_metadata(client, endpoint.metadata()).await?;
+    }
+    callgrind_control(&["-z", &proc.pid().to_string()])?;
+    for i in 0..COUNTED_REQUESTS {
+        let (_, body) = get_metadata(client, endpoint.metadata()).await?;
+        if i == 0 {
+            check_bucket_field(&body, endpoint.bucket)?;
+        }
+    }
+    callgrind_control(&["-d", &proc.pid().to_string()])?;
+    proc.check_running()?;
+    let dump = PathBuf::from(format!("{}.1", out.display()));
+    let text = std::fs::read_to_string(&dump)
+        .with_context(|| format!("cannot read the callgrind dump {}", dump.display()))?;
+    let total: u64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("summary:"))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no summary line in {}", dump.display()))?;
+    Ok(total / COUNTED_REQUESTS)
+}
+
+pub(crate) fn callgrind_control(args: &[&str]) -> Result<()> {
+    let out = Command::new("callgrind_control")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run callgrind_control")?;
+    if !out.status.success() {
+        bail!(
+            "callgrind_control {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Whether valgrind's callgrind can be used here.
+pub(crate) fn callgrind_available() -> bool {
+    command_output("valgrind", &["--version"]).is_some()
+        && command_output("callgrind_control", &["--version"]).is_some()
+}

@@ -1,0 +1,388 @@
+//! Child processes: the sidecar, the TCP relay, fake-gcs-server; their CPU time and memory.
+
+use super::*;
+
+/// A child process, killed when dropped.
+pub(crate) struct Proc {
+    pub(crate) name: &'static str,
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
+}
+
+impl Proc {
+    pub(crate) fn spawn(name: &'static str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
+        let file =
+            File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        Ok(Proc { name, child, log })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(crate) fn check_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited with {status}\n{}",
+                self.name,
+                log_tail(&self.log, 20)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let start = all.len().saturating_sub(lines);
+    format!("--- {} ---\n{}", path.display(), all[start..].join("\n"))
+}
+
+pub(crate) fn free_port() -> Result<u16> {
+    let listener = StdTcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Polls `path` until it answers 200; fails if the process exits (a port
+/// lost to a race makes it exit, and the answer may then come from another
+/// process, hence the second look after the first 200).
+pub(crate) async fn wait_ready(
+    client: &HttpClient,
+    proc: &mut Proc,
+    addr: SocketAddr,
+    path: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let uri: Uri = format!("http://{addr}{path}").parse()?;
+    loop {
+        proc.check_running()?;
+        let probe = Request::get(uri.clone()).body(empty())?;
+        if let Ok(Ok(response)) =
+            tokio::time::timeout(Duration::from_secs(2), client.request(probe)).await
+            && response.status() == StatusCode::OK
+        {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            proc.check_running()?;
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} at {addr} not ready after {READY_TIMEOUT:?}\n{}",
+                proc.name,
+                log_tail(&proc.log, 20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How a child process is started: as it is, or under callgrind writing
+/// its counts to the given file.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Launch<'a> {
+    Plain,
+    Callgrind(&'a Path),
+}
+
+impl Launch<'_> {
+    pub(crate) fn command(self, program: &Path) -> Command {
+        match self {
+            Launch::Plain => Command::new(program),
+            Launch::Callgrind(out) => {
+                let mut cmd = Command::new("valgrind");
+                cmd.arg("--tool=callgrind")
+                    .arg(format!("--callgrind-out-file={}", out.display()))
+                    .arg(program);
+                cmd
+            }
+        }
+    }
+}
+
+/// Starts the release-built sidecar in front of `upstream` (plain HTTP).
+pub(crate) async fn start_sidecar(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+    tag: &str,
+    launch: Launch<'_>,
+) -> Result<(Proc, SocketAddr)> {
+    let upstream = format!("http://{upstream}");
+    start_sidecar_to(client, &upstream, &[], dir, tag, launch).await
+}
+
+/// Starts the release-built sidecar in front of the upstream URL
+/// `upstream`, with the further arguments `extra`.
+pub(crate) async fn start_sidecar_to(
+    client: &HttpClient,
+    upstream: &str,
+    extra: &[&str],
+    dir: &Path,
+    tag: &str,
+    launch: Launch<'_>,
+) -> Result<(Proc, SocketAddr)> {
+    let log = dir.join(format!("sidecar-{tag}"));
+    start_on_free_port(
+        client,
+        "bucketmap-sidecar",
+        "/_bucketmap/readyz",
+        &log,
+        |addr| {
+            let mut cmd = launch.command(&sidecar_bin());
+            cmd.args(["--listen", &addr.to_string()])
+                .args(["--upstream", upstream])
+                .arg("--no-auth")
+                .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
+                .args(extra)
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1");
+            cmd
+        },
+    )
+    .await
+}
+
+/// Starts a child process listening on a free loopback port (the command
+/// `command(addr)`), its output in `LOG-<attempt>.log`, and waits until
+/// `probe` answers 200 there; a port lost to a race makes it try again.
+pub(crate) async fn start_on_free_port(
+    client: &HttpClient,
+    name: &'static str,
+    probe: &str,
+    log: &Path,
+    command: impl Fn(SocketAddr) -> Command,
+) -> Result<(Proc, SocketAddr)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let log = PathBuf::from(format!("{}-{attempt}.log", log.display()));
+        let mut proc = Proc::spawn(name, &mut command(addr), log)?;
+        match wait_ready(client, &mut proc, addr, probe).await {
+            Ok(()) => return Ok((proc, addr)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow!("{name} did not start")))
+}
+
+/// Environment variable that turns this bench binary into the TCP relay:
+/// `LISTEN_ADDR,UPSTREAM_ADDR`.
+pub(crate) const RELAY_ENV: &str = "BUCKETMAP_BENCH_RELAY";
+/// Copy buffer of the relay, each way: the sidecar's read buffers are
+/// bounded at 64 KiB too.
+pub(crate) const RELAY_BUFFER: usize = 64 * 1024;
+
+/// The relay process: each accepted connection is joined to a new one to
+/// the upstream and bytes are copied both ways, with no HTTP at all. It pays
+/// what any user-space proxy pays on this machine (one more process, two
+/// more sockets, their wake-ups and copies) and nothing else, so it is the
+/// floor against which the sidecar's own cost shows.
+pub(crate) fn relay_main(spec: &str) -> std::process::ExitCode {
+    let parsed = spec.split_once(',').and_then(|(listen, upstream)| {
+        Some((
+            listen.parse::<SocketAddr>().ok()?,
+            upstream.parse::<SocketAddr>().ok()?,
+        ))
+    });
+    let Some((listen, upstream)) = parsed else {
+        eprintln!("relay: {RELAY_ENV} must be LISTEN_ADDR,UPSTREAM_ADDR, not {spec:?}");
+        return std::process::ExitCode::FAILURE;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("relay runtime");
+    // It serves until killed: only an error ends it.
+    let served: std::io::Result<()> = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        loop {
+            let (mut inbound, _) = listener.accept().await?;
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = inbound.set_nodelay(true);
+                let _ = outbound.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional_with_sizes(
+                    &mut inbound,
+                    &mut outbound,
+                    RELAY_BUFFER,
+                    RELAY_BUFFER,
+                )
+                .await;
+            });
+        }
+    });
+    if let Err(e) = served {
+        eprintln!("relay on {listen}: {e}");
+    }
+    std::process::ExitCode::FAILURE
+}
+
+/// Starts the relay (this binary again) in front of `upstream`.
+pub(crate) async fn start_relay(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    dir: &Path,
+    tag: &str,
+    launch: Launch<'_>,
+) -> Result<(Proc, SocketAddr)> {
+    let exe = std::env::current_exe().context("cannot find the bench binary")?;
+    let probe = format!("/storage/v1/b/{PHYSICAL}/o/x");
+    let log = dir.join(format!("relay-{tag}"));
+    start_on_free_port(client, "relay", &probe, &log, |addr| {
+        let mut cmd = launch.command(&exe);
+        cmd.env(RELAY_ENV, format!("{addr},{upstream}"));
+        cmd
+    })
+    .await
+}
+
+/// The fake-gcs-server binary from the repository's install script.
+pub(crate) fn fake_gcs_server_bin() -> Result<PathBuf> {
+    tool_bin("FAKE_GCS_SERVER_BIN", "fake-gcs-server")
+}
+
+/// A tool's binary: the variable `env`'s value, else the last line printed
+/// by `tools/TOOL/install.sh` (which fetches or builds it once).
+pub(crate) fn tool_bin(env: &str, tool: &str) -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os(env) {
+        return Ok(bin.into());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tools/{tool}/install.sh"));
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed with {}", script.display(), out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default().trim();
+    if last.is_empty() {
+        bail!("{} printed no path", script.display());
+    }
+    Ok(PathBuf::from(last))
+}
+
+/// fake-gcs-server (memory backend) holding the physical bucket and object `x`.
+pub(crate) async fn start_fake_gcs(
+    client: &HttpClient,
+    bin: &Path,
+    dir: &Path,
+) -> Result<(Proc, SocketAddr)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-backend",
+            "memory",
+            "-log-level",
+            "error",
+        ])
+        .args(["-port", &addr.port().to_string()])
+        .args(["-public-host", &addr.to_string()])
+        .args(["-external-url", &format!("http://{addr}")]);
+        let log = dir.join(format!("fake-gcs-server-{attempt}.log"));
+        let mut proc = Proc::spawn("fake-gcs-server", &mut cmd, log)?;
+        let started = async {
+            wait_ready(client, &mut proc, addr, "/_internal/healthcheck").await?;
+            // A fresh server has no bucket: a 409 means the port belongs to
+            // someone else's fake-gcs-server, which must not be touched.
+            let create = Request::post(format!("http://{addr}/storage/v1/b"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(format!(r#"{{"name":"{PHYSICAL}"}}"#))).boxed())?;
+            let response = client.request(create).await?;
+            if response.status() != StatusCode::OK {
+                bail!("creating bucket {PHYSICAL} answered {}", response.status());
+            }
+            let _ = response.into_body().collect().await;
+            proc.check_running()?;
+            let object = Full::new(Bytes::from(vec![b'x'; 595])).boxed();
+            let upload = Request::post(format!(
+                "http://{addr}/upload/storage/v1/b/{PHYSICAL}/o?uploadType=media&name=x"
+            ))
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(object)?;
+            let response = client.request(upload).await?;
+            if response.status() != StatusCode::OK {
+                bail!("uploading object x answered {}", response.status());
+            }
+            let _ = response.into_body().collect().await;
+            Ok(())
+        };
+        match started.await {
+            Ok(()) => return Ok((proc, addr)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow!("fake-gcs-server did not start")))
+}
+
+/// CPU time used so far by the live threads of a process (`"self"` or a
+/// pid), in nanoseconds: the first field of `/proc/PID/task/*/schedstat`.
+pub(crate) fn cpu_ns(pid: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Sums the CPU time of a set of processes: the sidecar, or the direct
+/// baseline's client and upstream (this process, plus fake-gcs-server when
+/// it is the upstream).
+#[derive(Clone, Debug)]
+pub(crate) struct CpuMeter {
+    pub(crate) pids: Vec<String>,
+}
+
+impl CpuMeter {
+    pub(crate) fn of(pids: &[u32], with_self: bool) -> Self {
+        let mut all: Vec<String> = pids.iter().map(u32::to_string).collect();
+        if with_self {
+            all.push("self".into());
+        }
+        CpuMeter { pids: all }
+    }
+
+    pub(crate) fn read(&self) -> u64 {
+        self.pids.iter().map(|pid| cpu_ns(pid)).sum()
+    }
+}
+
+/// `VmRSS` and `VmHWM` of a process, in KiB.
+pub(crate) fn memory_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| anyhow!("no {name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}

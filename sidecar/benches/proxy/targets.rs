@@ -1,0 +1,175 @@
+//! The targets (issue 12), judged on one run's figures and printed as met
+//! or MISSED, never asserted: the sidecar against nginx-rewrite (the same
+//! job done by the proxy a user would deploy instead), against direct TLS
+//! for streaming, and its memory.
+
+use super::*;
+
+/// One judged target.
+struct Verdict {
+    upstream: String,
+    path: String,
+    target: String,
+    figure: String,
+    met: bool,
+}
+
+impl Report {
+    pub(crate) fn render_targets(&self, out: &mut String) {
+        let mut verdicts = Vec::new();
+        self.metadata_targets(&mut verdicts);
+        self.throughput_targets(&mut verdicts);
+        self.stream_targets(&mut verdicts);
+        self.memory_targets(&mut verdicts);
+        if verdicts.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n### Targets\n\nJudged on this run's figures (ratios in one run; only they mean anything on a shared machine), never asserted. \"nr\" is nginx-rewrite.\n"
+        );
+        let _ = writeln!(out, "| upstream | path | target | figures | verdict |");
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for v in &verdicts {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                v.upstream,
+                v.path,
+                v.target,
+                v.figure,
+                verdict(v.met)
+            );
+        }
+    }
+
+    fn metadata_targets(&self, verdicts: &mut Vec<Verdict>) {
+        for m in &self.metadata {
+            let Some(r) = m.labels.iter().position(|l| *l == NGINX_REWRITE) else {
+                continue;
+            };
+            let ok = m.latencies.iter().all(|l| l.errors.is_empty());
+            let cpu = cpu_per_request(m);
+            for (i, label) in m.labels.iter().enumerate().filter(|(_, l)| is_sidecar(l)) {
+                let mut push = |target: String, figure: String, met: bool| {
+                    verdicts.push(Verdict {
+                        upstream: m.upstream.into(),
+                        path: (*label).into(),
+                        target,
+                        figure,
+                        met: ok && met,
+                    });
+                };
+                let cpu_ratio = ratio(cpu[i], cpu[r]);
+                let cpu_figure = format!("{:.0} µs vs {:.0} µs: {cpu_ratio:.2}×", cpu[i], cpu[r]);
+                push(
+                    format!("CPU per metadata request ≤ {TARGET_CPU_MUST:.2}× nr (must)"),
+                    cpu_figure.clone(),
+                    cpu_ratio <= TARGET_CPU_MUST,
+                );
+                push(
+                    format!("CPU per metadata request ≤ {TARGET_CPU_MOONSHOT:.2}× nr (moonshot)"),
+                    cpu_figure,
+                    cpu_ratio <= TARGET_CPU_MOONSHOT,
+                );
+                for (name, p) in [("p50", 50.0), ("p99", 99.0)] {
+                    let (mine, theirs) = (added(m, i, p), added(m, r, p));
+                    push(
+                        format!("added {name} ≤ nr's"),
+                        format!("{:+.0} µs vs {:+.0} µs", mine * 1e6, theirs * 1e6),
+                        mine <= theirs,
+                    );
+                }
+            }
+        }
+    }
+
+    fn throughput_targets(&self, verdicts: &mut Vec<Verdict>) {
+        for t in &self.throughput {
+            let Some(r) = t.labels.iter().position(|l| *l == NGINX_REWRITE) else {
+                continue;
+            };
+            let Some((connections, rps, _)) = t.rows.iter().find(|(c, _, _)| *c == 16) else {
+                continue;
+            };
+            for (i, label) in t.labels.iter().enumerate().filter(|(_, l)| is_sidecar(l)) {
+                verdicts.push(Verdict {
+                    upstream: t.upstream.into(),
+                    path: (*label).into(),
+                    target: format!("requests per second at {connections} connections ≥ nr's"),
+                    figure: format!(
+                        "{:.0} vs {:.0}: {:.2}×",
+                        rps[i],
+                        rps[r],
+                        ratio(rps[i], rps[r])
+                    ),
+                    met: rps[i] >= rps[r],
+                });
+            }
+        }
+    }
+
+    fn stream_targets(&self, verdicts: &mut Vec<Verdict>) {
+        for f in &self.streams {
+            let medians: Vec<f64> = f.rates.iter().map(|r| median(r)).collect();
+            // The better of the two nginx configurations.
+            let nginx = f
+                .labels
+                .iter()
+                .zip(&medians)
+                .filter(|(l, _)| l.starts_with("nginx"))
+                .map(|(_, m)| *m)
+                .fold(f64::NAN, f64::max);
+            let tls = f.upstream.contains("TLS");
+            for (i, label) in f.labels.iter().enumerate().filter(|(_, l)| is_sidecar(l)) {
+                let transfer = format!("{} {} MiB", f.direction.as_str(), f.size / MIB);
+                if !nginx.is_nan() {
+                    verdicts.push(Verdict {
+                        upstream: f.upstream.into(),
+                        path: (*label).into(),
+                        target: format!("{transfer} ≥ nginx's (the better configuration)"),
+                        figure: format!("{:.0} vs {nginx:.0} MiB/s", medians[i]),
+                        met: medians[i] >= nginx,
+                    });
+                }
+                if tls {
+                    let share = ratio(medians[i], medians[0]);
+                    verdicts.push(Verdict {
+                        upstream: f.upstream.into(),
+                        path: (*label).into(),
+                        target: format!(
+                            "{transfer} ≥ {:.0} % of direct TLS",
+                            TARGET_TLS_STREAM_RATIO * 100.0
+                        ),
+                        figure: format!("{:.1} %", share * 100.0),
+                        met: share >= TARGET_TLS_STREAM_RATIO,
+                    });
+                }
+            }
+        }
+    }
+
+    fn memory_targets(&self, verdicts: &mut Vec<Verdict>) {
+        for m in &self.memory {
+            verdicts.push(Verdict {
+                upstream: m.label.clone(),
+                path: "sidecar".into(),
+                target: format!("idle RSS ≤ {}", mib(TARGET_IDLE_RSS_KIB)),
+                figure: mib(m.idle_rss_kib),
+                met: m.idle_rss_kib <= TARGET_IDLE_RSS_KIB,
+            });
+            let peak = m.rows.iter().map(|r| r.hwm_after_kib).max().unwrap_or(0);
+            verdicts.push(Verdict {
+                upstream: m.label.clone(),
+                path: "sidecar".into(),
+                target: format!(
+                    "peak RSS at {} concurrent streams ≤ {}",
+                    self.settings.streams,
+                    mib(TARGET_PEAK_RSS_KIB)
+                ),
+                figure: mib(peak),
+                met: peak <= TARGET_PEAK_RSS_KIB,
+            });
+        }
+    }
+}
