@@ -42,21 +42,12 @@ use crate::upload;
 /// The pooled upstream client.
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
-/// Builds the upstream client: HTTP/1.1 and HTTP/2 over rustls with the
-/// bundled webpki roots (distroless images have no CA store), or plain HTTP;
-/// HTTP/2 when ALPN offers it (`--upstream-http auto`).
+/// Builds the upstream client over rustls with the bundled webpki roots
+/// (distroless images have no CA store), or plain HTTP, speaking the HTTP
+/// version `http` (`--upstream-http`): both offered by ALPN (auto), HTTP/1.1
+/// only (a keep-alive pool) or HTTP/2 only (one multiplexed connection, h2c
+/// prior knowledge on http://).
 pub fn build_client(
-    connect_timeout: Duration,
-    pool_idle_timeout: Duration,
-    tls: rustls::ClientConfig,
-) -> anyhow::Result<HttpClient> {
-    build_upstream_client(connect_timeout, pool_idle_timeout, tls, UpstreamHttp::Auto)
-}
-
-/// [`build_client`] speaking the HTTP version `http` (`--upstream-http`):
-/// both offered by ALPN (auto), HTTP/1.1 only (a keep-alive pool) or HTTP/2
-/// only (one multiplexed connection, h2c prior knowledge on http://).
-pub fn build_upstream_client(
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
     tls: rustls::ClientConfig,

@@ -26,7 +26,7 @@ use crate::layers::record::RecordLayer;
 use crate::layers::refuse::RefuseLayer;
 use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
-use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings, build_upstream_client};
+use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings, build_client};
 
 /// Connection-level limits.
 #[derive(Clone, Copy, Debug)]
@@ -182,7 +182,7 @@ fn build_proxy(
     metrics: &Arc<Metrics>,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<Arc<Proxy>> {
-    let client = build_upstream_client(
+    let client = build_client(
         config.connect_timeout,
         config.pool_idle_timeout,
         tls,

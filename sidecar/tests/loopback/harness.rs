@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use bucketmap_sidecar::auth::Auth;
 use bucketmap_sidecar::body::{BoxError, ProxyBody, empty, full};
+use bucketmap_sidecar::config::UpstreamHttp;
 use bucketmap_sidecar::grpc::service::{GrpcProxy, GrpcSettings, build_grpc_client};
 use bucketmap_sidecar::mapping::{Mapping, MappingStore};
 use bucketmap_sidecar::metrics::Metrics;
@@ -196,6 +197,8 @@ pub struct Options {
     pub upstream_timeout: Option<Duration>,
     /// `--upstream-ca-file`.
     pub upstream_ca_file: Option<std::path::PathBuf>,
+    /// `--upstream-http`.
+    pub upstream_http: UpstreamHttp,
 }
 
 impl Default for Options {
@@ -210,6 +213,7 @@ impl Default for Options {
             mapping: Some(mapping(PHYSICAL)),
             upstream_timeout: None,
             upstream_ca_file: None,
+            upstream_http: UpstreamHttp::Auto,
         }
     }
 }
@@ -241,6 +245,7 @@ impl Sidecar {
             Duration::from_secs(5),
             Duration::from_secs(30),
             tls(options.upstream_ca_file.as_deref()),
+            options.upstream_http,
         )
         .expect("client");
         let metrics = Arc::new(Metrics::new());

@@ -11,6 +11,7 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair}
 use googleapis_tonic_google_storage_v2::google::storage::v2 as proto;
 
 use bucketmap_sidecar::body::full;
+use bucketmap_sidecar::config::UpstreamHttp;
 
 use super::grpc::{
     GET_OBJECT, call, framed, get_photos_a, grpc_request, grpc_upstream, ok_trailers,
@@ -100,4 +101,31 @@ async fn an_upstream_the_sidecar_cannot_verify_is_refused() {
     let answer = call(&sidecar, get_object()).await;
     assert_eq!(answer.code, Some(14), "UNAVAILABLE: {}", answer.message);
     assert!(upstream.seen().is_empty());
+}
+
+#[tokio::test]
+async fn the_upstream_http_version_is_the_one_asked_for() {
+    let (ca_pem, server) = throwaway_ca();
+    let dir = tempfile::tempdir().expect("a directory");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca_pem).expect("the CA file");
+    for (asked, spoken) in [
+        (UpstreamHttp::Auto, Version::HTTP_2),
+        (UpstreamHttp::Http1, Version::HTTP_11),
+        (UpstreamHttp::Http2, Version::HTTP_2),
+    ] {
+        let upstream = Upstream::start_tls(handler_for_both(), server.clone()).await;
+        let options = Options {
+            upstream_ca_file: Some(ca_file.clone()),
+            upstream_http: asked,
+            ..Options::default()
+        };
+        let sidecar = Sidecar::start(&upstream, options).await;
+        for _ in 0..2 {
+            let json = sidecar.get("/storage/v1/b/photos/o/a").await;
+            assert_eq!(json.status, 200, "{asked:?}: {}", json.text());
+        }
+        let versions: Vec<Version> = upstream.seen().iter().map(|r| r.version).collect();
+        assert_eq!(versions, [spoken, spoken], "{asked:?}");
+    }
 }
