@@ -72,8 +72,11 @@ pub fn build_client(
         .pool_idle_timeout(pool_idle_timeout)
         // hyper lets each upstream connection's read buffer grow to ~400 KiB;
         // with many concurrent streams that dominates the sidecar's memory.
-        // 64 KiB keeps streaming throughput and bounds it (benches/proxy.rs).
-        .http1_max_buf_size(64 * 1024)
+        // At 32 KiB, 64 concurrent streams peak at 19.4 MiB (plain upstream)
+        // and 21.4 MiB (TLS, HTTP/1.1), against 21.3 and 23.8 MiB at 64 KiB,
+        // for single-stream TLS downloads of 787 against 906 MiB/s (16 KiB:
+        // 621 MiB/s): docs/BENCHMARKS.md.
+        .http1_max_buf_size(32 * 1024)
         .http2_only(http == UpstreamHttp::Http2)
         .build(https))
 }

@@ -213,7 +213,7 @@ impl Default for Options {
             mapping: Some(mapping(PHYSICAL)),
             upstream_timeout: None,
             upstream_ca_file: None,
-            upstream_http: UpstreamHttp::Auto,
+            upstream_http: UpstreamHttp::default(),
         }
     }
 }
