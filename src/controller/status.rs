@@ -191,26 +191,18 @@ pub(super) async fn report_failure(
     let Some(report) = failure_report(error, &project) else {
         return;
     };
-    if keeps_ready(obj, &writer.status.conditions, error) {
-        ctx.event(
-            obj,
-            EventType::Warning,
-            report.event_reason,
-            "Reconcile",
-            report.message,
-        )
-        .await;
-        return;
-    }
-    let current = writer.status.conditions.iter().find(|c| c.type_ == READY);
-    if current.is_some_and(|c| c.reason == report.reason && c.message == report.message) {
-        return;
-    }
-    if let Err(e) = writer
-        .not_ready(report.reason, report.message.clone())
-        .await
-    {
-        warn!(error = %e, "cannot record failure in status");
+    // A transient error on a Ready resource is reported by the event alone.
+    if !keeps_ready(obj, &writer.status.conditions, error) {
+        let current = writer.status.conditions.iter().find(|c| c.type_ == READY);
+        if current.is_some_and(|c| c.reason == report.reason && c.message == report.message) {
+            return;
+        }
+        if let Err(e) = writer
+            .not_ready(report.reason, report.message.clone())
+            .await
+        {
+            warn!(error = %e, "cannot record failure in status");
+        }
     }
     ctx.event(
         obj,
