@@ -93,28 +93,13 @@ pub(crate) async fn start_grpc_sidecar(
     dir: &Path,
     allow_physical: bool,
 ) -> Result<(Proc, SocketAddr)> {
-    let log = dir.join("sidecar-grpc");
-    start_on_free_port(
-        client,
-        "bucketmap-sidecar",
-        "/_bucketmap/readyz",
-        &log,
-        |addr| {
-            let mut cmd = Command::new(sidecar_bin());
-            if allow_physical {
-                cmd.arg("--allow-physical-names");
-            }
-            cmd.args(["--listen", &addr.to_string()])
-                .args(["--upstream", &format!("http://{upstream}")])
-                .args(["--grpc-upstream", &format!("http://{mock}")])
-                .arg("--no-auth")
-                .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
-                .env("RUST_LOG", "info")
-                .env("NO_COLOR", "1");
-            cmd
-        },
-    )
-    .await
+    let upstream = format!("http://{upstream}");
+    let grpc_upstream = format!("http://{mock}");
+    let mut extra = vec!["--grpc-upstream", grpc_upstream.as_str()];
+    if allow_physical {
+        extra.push("--allow-physical-names");
+    }
+    start_sidecar_to(client, &upstream, &extra, dir, "grpc", Launch::Plain).await
 }
 
 /// One unary GetObject of `x`: its latency, after checking the answer
