@@ -16,6 +16,11 @@ use kube::{Resource, ResourceExt};
 use crate::crd::Gcs;
 use crate::{Error, Result};
 
+/// Annotation of the operator's cached copy of a binding Secret (never of
+/// the Secret on the API server): the [`data_digest`] of its data, which
+/// the cache does not keep (see [`keep_data_digest_only`]).
+pub const CACHED_DATA_DIGEST: &str = "bucketmap.dev/cached-data-digest";
+
 /// Label on everything the operator publishes (binding Secrets, bucket maps).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "bucketmap");
 /// Secret type of the binding (`servicebinding.io/<type>`).
@@ -71,9 +76,7 @@ pub async fn write_binding(
             "Secret {ns}/{secret_name} exists and is not controlled by this Gcs; the binding is not written and the Secret is left untouched (delete or rename it)"
         )));
     }
-    let up_to_date = current.is_some_and(|s| {
-        s.data.as_ref() == Some(&data) && s.type_.as_deref() == Some(BINDING_SECRET_TYPE)
-    });
+    let up_to_date = current.is_some_and(|s| cached_secret_matches(&s, &data));
     if up_to_date {
         return Ok(false);
     }
@@ -103,6 +106,47 @@ pub async fn write_binding(
         "write binding Secret {ns}/{secret_name}"
     )))?;
     Ok(true)
+}
+
+/// Whether a cached binding Secret (data replaced by its digest) holds
+/// `data` and has the binding's type.
+fn cached_secret_matches(cached: &Secret, data: &BTreeMap<String, ByteString>) -> bool {
+    let digest = cached.annotations().get(CACHED_DATA_DIGEST);
+    digest == Some(&data_digest(Some(data))) && cached.type_.as_deref() == Some(BINDING_SECRET_TYPE)
+}
+
+/// Replaces the data of a Secret about to be cached by its digest, kept in
+/// the [`CACHED_DATA_DIGEST`] annotation: 5000 binding Secrets' data maps
+/// cost the operator about 2.5 MiB of heap, their digests much less.
+pub fn keep_data_digest_only(secret: &mut Secret) {
+    let digest = data_digest(secret.data.take().as_ref());
+    secret.string_data = None;
+    secret
+        .annotations_mut()
+        .insert(CACHED_DATA_DIGEST.to_owned(), digest);
+}
+
+/// SHA-256 of a Secret's data, in hex. sha2 (already a dependency) rather
+/// than std's `DefaultHasher`: both would do, as the digest never leaves
+/// the process, but SHA-256 is stable across Rust versions and no user edit
+/// can collide with the operator's data by chance. Each key and value is
+/// prefixed by its length, so that no two maps share an input.
+pub fn data_digest(data: Option<&BTreeMap<String, ByteString>>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (key, ByteString(value)) in data.into_iter().flatten() {
+        hasher.update((key.len() as u64).to_le_bytes());
+        hasher.update(key.as_bytes());
+        hasher.update((value.len() as u64).to_le_bytes());
+        hasher.update(value);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .fold(String::with_capacity(64), |mut hex, byte| {
+            hex.push_str(&format!("{byte:02x}"));
+            hex
+        })
 }
 
 /// Creates a binding Secret the cache does not know: a plain create costs
@@ -187,5 +231,89 @@ mod tests {
         let name = binding_secret_name(&long);
         assert_eq!(name.len(), 253);
         assert!(name.ends_with("-gcs-binding"));
+    }
+
+    fn gcs(name: &str, bucket_name: &str) -> Gcs {
+        let mut g = Gcs::new(
+            name,
+            serde_json::from_value(serde_json::json!({"bucketName": bucket_name})).expect("spec"),
+        );
+        g.metadata.namespace = Some("ns".into());
+        g
+    }
+
+    /// The binding Secret as the cache holds it, with `data`.
+    fn cached(data: BTreeMap<String, ByteString>, type_: &str) -> Secret {
+        let mut s = Secret {
+            data: Some(data),
+            string_data: Some([("extra".to_owned(), "x".to_owned())].into()),
+            type_: Some(type_.to_owned()),
+            ..Secret::default()
+        };
+        keep_data_digest_only(&mut s);
+        s
+    }
+
+    #[test]
+    fn the_cache_keeps_a_digest_instead_of_the_data() {
+        let data = binding_data(&gcs("photos", "photos"), "photos-k3x9", "p");
+        let s = cached(data.clone(), BINDING_SECRET_TYPE);
+        assert_eq!(s.data, None);
+        assert_eq!(s.string_data, None);
+        assert_eq!(
+            s.annotations()[CACHED_DATA_DIGEST],
+            data_digest(Some(&data))
+        );
+        assert!(cached_secret_matches(&s, &data));
+    }
+
+    #[test]
+    fn data_edited_by_a_user_no_longer_matches() {
+        let g = gcs("photos", "photos");
+        let data = binding_data(&g, "photos-k3x9", "p");
+        let mut edited = data.clone();
+        edited.insert("bucket".into(), ByteString(b"other".to_vec()));
+        assert!(!cached_secret_matches(
+            &cached(edited, BINDING_SECRET_TYPE),
+            &data
+        ));
+        let mut added = data.clone();
+        added.insert("extra".into(), ByteString(Vec::new()));
+        assert!(!cached_secret_matches(
+            &cached(added, BINDING_SECRET_TYPE),
+            &data
+        ));
+        let mut removed = data.clone();
+        removed.remove("uri");
+        assert!(!cached_secret_matches(
+            &cached(removed, BINDING_SECRET_TYPE),
+            &data
+        ));
+        assert!(!cached_secret_matches(
+            &cached(data.clone(), "Opaque"),
+            &data
+        ));
+        let no_data = cached(BTreeMap::new(), BINDING_SECRET_TYPE);
+        assert!(!cached_secret_matches(&no_data, &data));
+        let other_project = binding_data(&g, "photos-k3x9", "q");
+        assert!(!cached_secret_matches(
+            &cached(other_project, BINDING_SECRET_TYPE),
+            &data
+        ));
+    }
+
+    #[test]
+    fn the_digest_does_not_mix_keys_and_values() {
+        let one =
+            |k: &str, v: &str| BTreeMap::from([(k.to_owned(), ByteString(v.as_bytes().to_vec()))]);
+        assert_ne!(
+            data_digest(Some(&one("ab", "c"))),
+            data_digest(Some(&one("a", "bc")))
+        );
+        assert_eq!(
+            data_digest(Some(&one("a", "b"))),
+            data_digest(Some(&one("a", "b")))
+        );
+        assert_eq!(data_digest(Some(&one("a", "b"))).len(), 64);
     }
 }

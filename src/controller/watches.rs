@@ -302,7 +302,11 @@ fn watch_published(
     let secret_task = tokio::spawn(
         watcher(secret_api, secret_watch)
             .default_backoff()
-            .modify(|o: &mut Secret| o.managed_fields_mut().clear())
+            .modify(|o: &mut Secret| {
+                o.managed_fields_mut().clear();
+                // The reconciler compares digests; the data stays out of memory.
+                publish::keep_data_digest_only(o);
+            })
             .reflect(secret_writer)
             .for_each(|_| async {}),
     );
