@@ -18,7 +18,7 @@ use crate::{Error, Result};
 
 /// Annotation of the operator's cached copy of a binding Secret (never of
 /// the Secret on the API server): the [`data_digest`] of its data, which
-/// the cache does not keep (see [`keep_data_digest_only`]).
+/// the cache does not keep (see [`trim_cached_binding`]).
 pub const CACHED_DATA_DIGEST: &str = "bucketmap.dev/cached-data-digest";
 
 /// Label on everything the operator publishes (binding Secrets, bucket maps).
@@ -115,15 +115,18 @@ fn cached_secret_matches(cached: &Secret, data: &BTreeMap<String, ByteString>) -
     digest == Some(&data_digest(Some(data))) && cached.type_.as_deref() == Some(BINDING_SECRET_TYPE)
 }
 
-/// Replaces the data of a Secret about to be cached by its digest, kept in
-/// the [`CACHED_DATA_DIGEST`] annotation: 5000 binding Secrets' data maps
-/// cost the operator about 2.5 MiB of heap, their digests much less.
-pub fn keep_data_digest_only(secret: &mut Secret) {
+/// Trims a binding Secret about to be cached to what [`write_binding`]
+/// reads: its owner references, its type and, in the
+/// [`CACHED_DATA_DIGEST`] annotation (the only one kept), the digest of its
+/// data. Its data, labels (the watch selects on them already), other
+/// annotations and `managedFields` are dropped: 5000 binding Secrets' data
+/// maps and labels cost the operator several MiB of heap (issue 15).
+pub fn trim_cached_binding(secret: &mut Secret) {
     let digest = data_digest(secret.data.take().as_ref());
     secret.string_data = None;
-    secret
-        .annotations_mut()
-        .insert(CACHED_DATA_DIGEST.to_owned(), digest);
+    secret.metadata.managed_fields = None;
+    secret.metadata.labels = None;
+    secret.metadata.annotations = Some([(CACHED_DATA_DIGEST.to_owned(), digest)].into());
 }
 
 /// SHA-256 of a Secret's data, in hex. sha2 (already a dependency) rather
@@ -245,12 +248,18 @@ mod tests {
     /// The binding Secret as the cache holds it, with `data`.
     fn cached(data: BTreeMap<String, ByteString>, type_: &str) -> Secret {
         let mut s = Secret {
+            metadata: kube::api::ObjectMeta {
+                labels: Some([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())].into()),
+                annotations: Some([("note".to_owned(), "big".to_owned())].into()),
+                managed_fields: Some(vec![Default::default()]),
+                ..Default::default()
+            },
             data: Some(data),
             string_data: Some([("extra".to_owned(), "x".to_owned())].into()),
             type_: Some(type_.to_owned()),
             ..Secret::default()
         };
-        keep_data_digest_only(&mut s);
+        trim_cached_binding(&mut s);
         s
     }
 

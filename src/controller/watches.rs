@@ -302,11 +302,8 @@ fn watch_published(
     let secret_task = tokio::spawn(
         watcher(secret_api, secret_watch)
             .default_backoff()
-            .modify(|o: &mut Secret| {
-                o.managed_fields_mut().clear();
-                // The reconciler compares digests; the data stays out of memory.
-                publish::keep_data_digest_only(o);
-            })
+            // The reconciler compares digests; the data stays out of memory.
+            .modify(publish::trim_cached_binding)
             .reflect(secret_writer)
             .for_each(|_| async {}),
     );
