@@ -269,10 +269,11 @@ mod tests {
         let s = cached(data.clone(), BINDING_SECRET_TYPE);
         assert_eq!(s.data, None);
         assert_eq!(s.string_data, None);
-        assert_eq!(
-            s.annotations()[CACHED_DATA_DIGEST],
-            data_digest(Some(&data))
-        );
+        assert_eq!(s.metadata.labels, None);
+        assert_eq!(s.metadata.managed_fields, None);
+        let digest = data_digest(Some(&data));
+        let only_the_digest = [(CACHED_DATA_DIGEST.to_owned(), digest)].into();
+        assert_eq!(s.metadata.annotations, Some(only_the_digest));
         assert!(cached_secret_matches(&s, &data));
     }
 
