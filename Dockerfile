@@ -7,11 +7,17 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p bucketmap -p bucketmap-sidecar \
+# The `dist` profile (Cargo.toml): `release` plus fat LTO and one codegen unit.
+RUN cargo build --profile dist --locked -p bucketmap -p bucketmap-sidecar \
  && mkdir /out \
- && cp target/release/bucketmap target/release/bucketmap-sidecar /out/
+ && cp target/dist/bucketmap target/dist/bucketmap-sidecar /out/
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/bucketmap /out/bucketmap-sidecar /usr/local/bin/
+# One malloc arena: the operator's heap is many small, long-lived objects
+# (caches) touched from a few threads; one arena holds them in less memory
+# (peak RSS at 5000 resources, docs/BENCHMARKS.md). The bench runs the
+# operator with the same environment (devtools/src/bench/measure.rs).
+ENV MALLOC_ARENA_MAX=1
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/bucketmap"]

@@ -123,6 +123,9 @@ pub struct Proxy {
     upstream_authority: Authority,
     /// Where links in requests point: the upstream.
     upstream_links: LinkBase,
+    /// The authority of links to the configured listen address, formatted
+    /// once: most connections arrive on it.
+    listen_authority: String,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: ProxySettings,
 }
@@ -186,12 +189,14 @@ impl Proxy {
             virtual_host: None,
         };
         let upstream = UpstreamTimeoutLayer::new(settings.upstream_timeout).layer(client);
+        let listen_authority = loopback_if_unspecified(settings.listen).to_string();
         Ok(Self {
             mapping,
             upstream,
             upstream_scheme,
             upstream_authority,
             upstream_links,
+            listen_authority,
             metrics,
             settings,
         })
@@ -290,13 +295,22 @@ impl Proxy {
         let listen = local.unwrap_or(self.settings.listen);
         let named = virtual_host.is_some() || listen.ip().is_unspecified();
         let authority = named.then(|| link_host(host)).flatten().map_or_else(
-            || loopback_if_unspecified(listen).to_string(),
+            || self.address_authority(listen),
             |name| format!("{name}:{}", listen.port()),
         );
         LinkBase {
             scheme: "http".to_owned(),
             authority,
             virtual_host,
+        }
+    }
+
+    /// `addr` as the authority of a link (loopback for an unspecified address).
+    fn address_authority(&self, addr: SocketAddr) -> String {
+        if addr == self.settings.listen {
+            self.listen_authority.clone()
+        } else {
+            loopback_if_unspecified(addr).to_string()
         }
     }
 

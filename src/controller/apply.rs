@@ -43,8 +43,13 @@ pub(super) async fn apply(
     status: &mut StatusWriter<'_>,
     slot: &mut Slot,
 ) -> Result<Action> {
-    phase!(validate(&obj, ctx, status).await?);
-    let project = phase!(resolve_project(&obj, ctx, status).await?);
+    // The phases that call GCS or the API server are boxed: a reconcile's
+    // future is as large as its largest phase for its whole life, also while
+    // it waits for a work slot or a map write, and hundreds of reconciles
+    // are admitted at once (src/slots.rs). Boxed, a phase's state exists only
+    // while it runs.
+    phase!(Box::pin(validate(&obj, ctx, status)).await?);
+    let project = phase!(Box::pin(resolve_project(&obj, ctx, status)).await?);
     let uid = obj.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
     let owner = naming::owner_id(&uid);
@@ -59,12 +64,18 @@ pub(super) async fn apply(
             uid: &uid,
         },
     };
-    let bucket = phase!(ensure_bucket_phase(ctx, status, &request).await?);
-    correct_drift(ctx, &request, &bucket).await?;
+    let bucket = phase!(Box::pin(ensure_bucket_phase(ctx, status, &request)).await?);
+    Box::pin(correct_drift(ctx, &request, &bucket)).await?;
     phase!(publish(ctx, status, slot, &request, &bucket.bucket_id).await?);
     mark_ready(status, &bucket.bucket_id, &project);
-    super::access::grant_access(&obj, ctx, status, &bucket.bucket_id).await?;
-    status.flush().await?;
+    Box::pin(super::access::grant_access(
+        &obj,
+        ctx,
+        status,
+        &bucket.bucket_id,
+    ))
+    .await?;
+    Box::pin(status.flush()).await?;
     Ok(resync(ctx))
 }
 
@@ -415,8 +426,14 @@ async fn publish(
         .await??;
     let (why, message) = match verdict {
         Verdict::Published => {
-            publish::write_binding(&ctx.client, &ctx.secrets, obj, physical, request.project)
-                .await?;
+            Box::pin(publish::write_binding(
+                &ctx.client,
+                &ctx.secrets,
+                obj,
+                physical,
+                request.project,
+            ))
+            .await?;
             status.status.binding = Some(BindingReference {
                 name: publish::binding_secret_name(&obj.name_any()),
             });
@@ -425,7 +442,7 @@ async fn publish(
         Verdict::Conflict(message) => (reason::MAPPING_CONFLICT, message),
         Verdict::TooLarge(message) => (reason::MAP_FULL, message),
     };
-    status.not_ready(why, message).await?;
+    Box::pin(status.not_ready(why, message)).await?;
     Ok(ControlFlow::Break(resync(ctx)))
 }
 

@@ -129,7 +129,9 @@ pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
     let result = finalizer(&api, FINALIZER, obj.clone(), move |event| async move {
         match event {
             Finalizer::Apply(g) => apply::apply(g, context, writer, held).await,
-            Finalizer::Cleanup(g) => cleanup::cleanup(g, context, writer, held).await,
+            // Boxed: see `apply` (a reconcile's future is as large as its
+            // largest branch for its whole life).
+            Finalizer::Cleanup(g) => Box::pin(cleanup::cleanup(g, context, writer, held)).await,
         }
     })
     .await
@@ -140,7 +142,7 @@ pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
     });
     match &result {
         Ok(_) => ctx.failures.forget(&ObjectRef::from_obj(&*obj)),
-        Err(e) => status::report_failure(&obj, &ctx, &mut status, e).await,
+        Err(e) => Box::pin(status::report_failure(&obj, &ctx, &mut status, e)).await,
     }
     result
 }

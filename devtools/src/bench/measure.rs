@@ -11,6 +11,10 @@ use bucketmap_testkit::testenv::{self, TestEnv};
 
 use super::BenchArgs;
 
+/// The environment the image gives the operator (`ENV` in the Dockerfile),
+/// so that the bench measures it as it runs when installed.
+pub const IMAGE_ENV: [(&str, &str); 1] = [("MALLOC_ARENA_MAX", "1")];
+
 /// `bucketmap operator` as a child process, watching every namespace.
 pub struct Operator {
     child: tokio::process::Child,
@@ -45,6 +49,7 @@ impl Operator {
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", env.kubeconfig_path())
             .env("RUST_LOG", "warn")
+            .envs(IMAGE_ENV)
             .stdout(Stdio::null())
             .kill_on_drop(true);
         // Killed with the bench, even by SIGKILL.
@@ -276,6 +281,20 @@ pub async fn wait_until(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bench_gives_the_operator_the_images_environment() -> anyhow::Result<()> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile");
+        let dockerfile = std::fs::read_to_string(path)?;
+        for (name, value) in IMAGE_ENV {
+            let line = format!("ENV {name}={value}");
+            assert!(
+                dockerfile.lines().any(|l| l.trim() == line),
+                "the Dockerfile does not set {line}"
+            );
+        }
+        Ok(())
+    }
 
     #[test]
     fn cpu_ticks_are_read_after_the_command_name() {

@@ -10,6 +10,7 @@
 //! cargo bench -p bucketmap-sidecar --bench proxy
 //! BUCKETMAP_BENCH_QUICK=1 cargo bench -p bucketmap-sidecar --bench proxy   # smoke run, small sizes
 //! BUCKETMAP_BENCH_SIDECAR_BIN=/path/to/bucketmap-sidecar cargo bench ...    # another build
+//! BUCKETMAP_BENCH_SIDECAR_BIN_B=/path/to/bucketmap-sidecar cargo bench ...  # and a second one beside it
 //! NGINX_BIN=/usr/sbin/nginx cargo bench ...    # another nginx than tools/nginx/install.sh's
 //! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,rps,streaming,memory,instructions,grpc,tls
 //! BUCKETMAP_SIDECAR_WORKER_THREADS=2 cargo bench ...    # the sidecar on two threads
@@ -141,6 +142,13 @@ pub(crate) const SIDECAR_BIN: &str = env!("CARGO_BIN_EXE_bucketmap-sidecar");
 pub(crate) fn sidecar_bin() -> PathBuf {
     std::env::var_os("BUCKETMAP_BENCH_SIDECAR_BIN")
         .map_or_else(|| PathBuf::from(SIDECAR_BIN), PathBuf::from)
+}
+
+/// A second sidecar build, `BUCKETMAP_BENCH_SIDECAR_BIN_B`: measured as one
+/// more path ("sidecar B") on the plain upstreams, in the same interleaved
+/// run as the first, to compare two builds under the same load.
+pub(crate) fn sidecar_bin_b() -> Option<PathBuf> {
+    std::env::var_os("BUCKETMAP_BENCH_SIDECAR_BIN_B").map(PathBuf::from)
 }
 pub(crate) const LOGICAL: &str = "photos";
 pub(crate) const PHYSICAL: &str = "photos-k3x9q2mw";
@@ -356,6 +364,13 @@ async fn start_proxies(
             LOGICAL,
             start_sidecar(client, upstream.addr, dir, tag, Launch::Plain).await?,
         );
+        if let Some(bin) = sidecar_bin_b() {
+            let url = format!("http://{}", upstream.addr);
+            let tag = format!("{tag}-b");
+            let started =
+                start_sidecar_bin_to(&bin, client, &url, &[], dir, &tag, Launch::Plain).await?;
+            add("sidecar B", LOGICAL, started);
+        }
     }
     Ok(Proxies {
         paths: Paths {

@@ -318,12 +318,31 @@ pub(crate) async fn count_instructions(
     let dump = PathBuf::from(format!("{}.1", out.display()));
     let text = std::fs::read_to_string(&dump)
         .with_context(|| format!("cannot read the callgrind dump {}", dump.display()))?;
+    keep_dump(&dump)?;
     let total: u64 = text
         .lines()
         .find_map(|line| line.strip_prefix("summary:"))
         .and_then(|n| n.trim().parse().ok())
         .ok_or_else(|| anyhow!("no summary line in {}", dump.display()))?;
     Ok(total / COUNTED_REQUESTS)
+}
+
+/// Copies a callgrind dump into `BUCKETMAP_BENCH_CALLGRIND_OUT` when set,
+/// for `callgrind_annotate` (the bench's own directory is removed at exit).
+fn keep_dump(dump: &Path) -> Result<()> {
+    let Some(dir) = std::env::var_os("BUCKETMAP_BENCH_CALLGRIND_OUT") else {
+        return Ok(());
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = dump
+        .file_name()
+        .context("a callgrind dump has a file name")?;
+    let to = dir.join(name);
+    std::fs::copy(dump, &to)
+        .with_context(|| format!("cannot copy the dump to {}", to.display()))?;
+    eprintln!("[instructions] callgrind dump kept: {}", to.display());
+    Ok(())
 }
 
 pub(crate) fn callgrind_control(args: &[&str]) -> Result<()> {

@@ -135,6 +135,20 @@ pub(crate) async fn start_sidecar_to(
     tag: &str,
     launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
+    let bin = sidecar_bin();
+    start_sidecar_bin_to(&bin, client, upstream, extra, dir, tag, launch).await
+}
+
+/// [`start_sidecar_to`] with the sidecar binary `bin`.
+pub(crate) async fn start_sidecar_bin_to(
+    bin: &Path,
+    client: &HttpClient,
+    upstream: &str,
+    extra: &[&str],
+    dir: &Path,
+    tag: &str,
+    launch: Launch<'_>,
+) -> Result<(Proc, SocketAddr)> {
     let log = dir.join(format!("sidecar-{tag}"));
     start_on_free_port(
         client,
@@ -142,7 +156,7 @@ pub(crate) async fn start_sidecar_to(
         "/_bucketmap/readyz",
         &log,
         |addr| {
-            let mut cmd = launch.command(&sidecar_bin());
+            let mut cmd = launch.command(bin);
             cmd.args(["--listen", &addr.to_string()])
                 .args(["--upstream", upstream])
                 .arg("--no-auth")
