@@ -42,6 +42,15 @@ fn throwaway_ca() -> (String, rustls::ServerConfig) {
     (ca.pem(), server)
 }
 
+/// `ca_pem` written to a file for `--upstream-ca-file` (in the returned
+/// directory, which must outlive the sidecar).
+fn ca_file(ca_pem: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("a directory");
+    let file = dir.path().join("ca.pem");
+    std::fs::write(&file, ca_pem).expect("the CA file");
+    (dir, file)
+}
+
 /// JSON requests get the echo handler's object; gRPC calls an Object
 /// naming the physical bucket.
 fn handler_for_both() -> Handler {
@@ -68,9 +77,7 @@ fn get_object() -> Request<bucketmap_sidecar::body::ProxyBody> {
 #[tokio::test]
 async fn a_tls_upstream_trusted_through_the_ca_file_serves_json_and_grpc() {
     let (ca_pem, server) = throwaway_ca();
-    let dir = tempfile::tempdir().expect("a directory");
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca_pem).expect("the CA file");
+    let (_dir, ca_file) = ca_file(&ca_pem);
     let upstream = Upstream::start_tls(handler_for_both(), server).await;
     let options = Options {
         upstream_ca_file: Some(ca_file),
@@ -106,9 +113,7 @@ async fn an_upstream_the_sidecar_cannot_verify_is_refused() {
 #[tokio::test]
 async fn the_upstream_http_version_is_the_one_asked_for() {
     let (ca_pem, server) = throwaway_ca();
-    let dir = tempfile::tempdir().expect("a directory");
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca_pem).expect("the CA file");
+    let (_dir, ca_file) = ca_file(&ca_pem);
     for (asked, spoken) in [
         (UpstreamHttp::Auto, Version::HTTP_2),
         (UpstreamHttp::Http1, Version::HTTP_11),
