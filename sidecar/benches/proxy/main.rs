@@ -37,6 +37,9 @@
 //!   copying bytes between two sockets with no HTTP at all. It pays what any
 //!   user-space proxy pays here (one more process, two more sockets, their
 //!   wake-ups and copies), so it is the floor;
+//! - TLS relay (TLS upstream): the same, but speaking TLS to the upstream
+//!   (HTTP/1.1 by ALPN) while taking plaintext, as the sidecar does: the
+//!   floor of any proxy in that position, TLS and copies and nothing else;
 //! - nginx and nginx-rewrite ([`nginx`]; Debian's nginx 1.22 from
 //!   `tools/nginx/install.sh`, skipped with a note when it cannot be had);
 //! - sidecar; on the TLS upstream twice, `--upstream-http 2` (one
@@ -302,7 +305,7 @@ struct Peers<'a> {
     tls: &'a Tls,
 }
 
-/// Starts the paths to `upstream`: direct, the TCP relay (plain upstreams),
+/// Starts the paths to `upstream`: direct, the TCP or TLS relay,
 /// nginx plain and rewrite (when `nginx` is given), the sidecar (on a TLS
 /// upstream twice: `--upstream-http 2` and `1.1`).
 async fn start_proxies(
@@ -324,13 +327,16 @@ async fn start_proxies(
         meters.push(CpuMeter::of(&[proc.pid()], false));
         procs.push(proc);
     };
-    if !upstream.tls {
-        add(
-            "TCP relay",
-            PHYSICAL,
-            start_relay(client, upstream.addr, dir, tag, Launch::Plain).await?,
-        );
-    }
+    let (relay, ca_file) = if upstream.tls {
+        (TLS_RELAY, Some(tls.ca_file.as_path()))
+    } else {
+        ("TCP relay", None)
+    };
+    add(
+        relay,
+        PHYSICAL,
+        start_relay(client, upstream.addr, ca_file, dir, tag, Launch::Plain).await?,
+    );
     if let Some(bin) = nginx {
         let target = NginxUpstream {
             addr: upstream.addr,
@@ -348,7 +354,7 @@ async fn start_proxies(
         }
     }
     // The relay and the two nginx come first.
-    let sidecar = usize::from(!upstream.tls) + if nginx.is_some() { 2 } else { 0 };
+    let sidecar = 1 + if nginx.is_some() { 2 } else { 0 };
     if upstream.tls {
         let url = format!("https://{}", upstream.addr);
         let ca = tls.ca_file.to_string_lossy();

@@ -279,8 +279,15 @@ pub(crate) async fn instructions_phase(
     dir: &Path,
 ) -> Result<InstructionFigures> {
     let out = dir.join("callgrind-relay.out");
-    let (relay, addr) =
-        start_relay(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
+    let (relay, addr) = start_relay(
+        client,
+        upstream,
+        None,
+        dir,
+        "callgrind",
+        Launch::Callgrind(&out),
+    )
+    .await?;
     let relay = count_instructions(client, relay, addr, PHYSICAL, &out).await?;
     let out = dir.join("callgrind-sidecar.out");
     let (sidecar, addr) =

@@ -193,52 +193,85 @@ pub(crate) async fn start_on_free_port(
     Err(last.unwrap_or_else(|| anyhow!("{name} did not start")))
 }
 
-/// Environment variable that turns this bench binary into the TCP relay:
-/// `LISTEN_ADDR,UPSTREAM_ADDR`.
+/// Environment variable that turns this bench binary into the relay:
+/// `LISTEN_ADDR,UPSTREAM_ADDR` (TCP relay), or
+/// `LISTEN_ADDR,UPSTREAM_ADDR,CA_FILE` (TLS relay: TLS to the upstream,
+/// trusting the CA in `CA_FILE`).
 pub(crate) const RELAY_ENV: &str = "BUCKETMAP_BENCH_RELAY";
 /// Copy buffer of the relay, each way: the sidecar's read buffers are
 /// bounded at 64 KiB too.
 pub(crate) const RELAY_BUFFER: usize = 64 * 1024;
+/// The TLS relay's label in the figures.
+pub(crate) const TLS_RELAY: &str = "TLS relay";
+
+/// What the relay process is told to do.
+struct RelaySpec {
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    /// TLS to the upstream, trusting this configuration's CA only.
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl RelaySpec {
+    fn parse(spec: &str) -> Result<RelaySpec> {
+        let mut parts = spec.splitn(3, ',');
+        let (Some(listen), Some(upstream)) = (parts.next(), parts.next()) else {
+            bail!("{RELAY_ENV} must be LISTEN_ADDR,UPSTREAM_ADDR[,CA_FILE], not {spec:?}");
+        };
+        let tls = parts.next().map(relay_tls).transpose()?;
+        Ok(RelaySpec {
+            listen: listen.parse().context("the relay's listen address")?,
+            upstream: upstream.parse().context("the relay's upstream address")?,
+            tls,
+        })
+    }
+}
+
+/// The TLS relay's client configuration: trusts the CA in `ca_file` only and
+/// offers HTTP/1.1 by ALPN (it relays the bench client's plaintext HTTP/1.1).
+fn relay_tls(ca_file: &str) -> Result<Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_file)
+        .with_context(|| format!("cannot read the relay's CA file {ca_file}"))?
+    {
+        roots.add(cert.context("a certificate of the relay's CA file")?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
 
 /// The relay process: each accepted connection is joined to a new one to
 /// the upstream and bytes are copied both ways, with no HTTP at all. It pays
 /// what any user-space proxy pays on this machine (one more process, two
 /// more sockets, their wake-ups and copies) and nothing else, so it is the
-/// floor against which the sidecar's own cost shows.
+/// floor against which the sidecar's own cost shows. The TLS relay also
+/// speaks TLS to the upstream: the floor of any proxy that takes plaintext
+/// from the application and sends TLS on, as the sidecar does.
 pub(crate) fn relay_main(spec: &str) -> std::process::ExitCode {
-    let parsed = spec.split_once(',').and_then(|(listen, upstream)| {
-        Some((
-            listen.parse::<SocketAddr>().ok()?,
-            upstream.parse::<SocketAddr>().ok()?,
-        ))
-    });
-    let Some((listen, upstream)) = parsed else {
-        eprintln!("relay: {RELAY_ENV} must be LISTEN_ADDR,UPSTREAM_ADDR, not {spec:?}");
-        return std::process::ExitCode::FAILURE;
+    let spec = match RelaySpec::parse(spec) {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("relay: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("relay runtime");
+    let listen = spec.listen;
     // It serves until killed: only an error ends it.
     let served: std::io::Result<()> = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let listener = tokio::net::TcpListener::bind(spec.listen).await?;
         loop {
-            let (mut inbound, _) = listener.accept().await?;
-            tokio::spawn(async move {
-                let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let _ = inbound.set_nodelay(true);
-                let _ = outbound.set_nodelay(true);
-                let _ = tokio::io::copy_bidirectional_with_sizes(
-                    &mut inbound,
-                    &mut outbound,
-                    RELAY_BUFFER,
-                    RELAY_BUFFER,
-                )
-                .await;
-            });
+            let (inbound, _) = listener.accept().await?;
+            tokio::spawn(relay_connection(inbound, spec.upstream, spec.tls.clone()));
         }
     });
     if let Err(e) = served {
@@ -247,10 +280,49 @@ pub(crate) fn relay_main(spec: &str) -> std::process::ExitCode {
     std::process::ExitCode::FAILURE
 }
 
-/// Starts the relay (this binary again) in front of `upstream`.
+/// Joins `inbound` to a new connection to `upstream` (over TLS with `tls`).
+async fn relay_connection(
+    mut inbound: tokio::net::TcpStream,
+    upstream: SocketAddr,
+    tls: Option<Arc<rustls::ClientConfig>>,
+) {
+    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = inbound.set_nodelay(true);
+    let _ = outbound.set_nodelay(true);
+    let Some(tls) = tls else {
+        let _ = tokio::io::copy_bidirectional_with_sizes(
+            &mut inbound,
+            &mut outbound,
+            RELAY_BUFFER,
+            RELAY_BUFFER,
+        )
+        .await;
+        return;
+    };
+    let Ok(name) = rustls::pki_types::ServerName::try_from(TLS_NAME) else {
+        return;
+    };
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let Ok(mut outbound) = connector.connect(name, outbound).await else {
+        return;
+    };
+    let _ = tokio::io::copy_bidirectional_with_sizes(
+        &mut inbound,
+        &mut outbound,
+        RELAY_BUFFER,
+        RELAY_BUFFER,
+    )
+    .await;
+}
+
+/// Starts the relay to `upstream` (a TLS relay when `ca_file` is given) on
+/// a free port; ready once a metadata GET passes through it.
 pub(crate) async fn start_relay(
     client: &HttpClient,
     upstream: SocketAddr,
+    ca_file: Option<&Path>,
     dir: &Path,
     tag: &str,
     launch: Launch<'_>,
@@ -260,7 +332,12 @@ pub(crate) async fn start_relay(
     let log = dir.join(format!("relay-{tag}"));
     start_on_free_port(client, "relay", &probe, &log, |addr| {
         let mut cmd = launch.command(&exe);
-        cmd.env(RELAY_ENV, format!("{addr},{upstream}"));
+        let mut spec = format!("{addr},{upstream}");
+        if let Some(ca_file) = ca_file {
+            spec.push(',');
+            spec.push_str(&ca_file.to_string_lossy());
+        }
+        cmd.env(RELAY_ENV, spec);
         cmd
     })
     .await

@@ -145,7 +145,7 @@ impl Report {
         let s = &self.settings;
         let _ = writeln!(
             out,
-            "### Metadata latency\n\n`GET /storage/v1/b/B/o/x` (JSON object resource), open loop at {} req/s, {:?} per path in {} blocks of {:?}, the paths taking turns. {RATIO_NOTE} Added latency is a path's percentile minus the direct one. The TCP relay is the floor of any user-space proxy here (one more process and two more sockets, no HTTP). nginx is one process with a keep-alive pool to the upstream; nginx-rewrite also rewrites the bucket in the path and `sub_filter`s the name in JSON, the sidecar's job done off the shelf. CPU per request is the client's plus the upstream's (direct) or the proxy's, each during its own blocks. On the TLS upstream, direct is the client speaking TLS itself, the proxies take plaintext and speak TLS to the upstream.\n",
+            "### Metadata latency\n\n`GET /storage/v1/b/B/o/x` (JSON object resource), open loop at {} req/s, {:?} per path in {} blocks of {:?}, the paths taking turns. {RATIO_NOTE} Added latency is a path's percentile minus the direct one. The TCP relay is the floor of any user-space proxy here (one more process and two more sockets, no HTTP); on the TLS upstream the TLS relay is, which also speaks TLS to the upstream. nginx is one process with a keep-alive pool to the upstream; nginx-rewrite also rewrites the bucket in the path and `sub_filter`s the name in JSON, the sidecar's job done off the shelf. CPU per request is the client's plus the upstream's (direct) or the proxy's, each during its own blocks. On the TLS upstream, direct is the client speaking TLS itself, the proxies take plaintext and speak TLS to the upstream.\n",
             s.rate,
             s.per_path(),
             s.blocks,

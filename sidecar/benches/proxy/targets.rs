@@ -134,6 +134,17 @@ impl Report {
                 }
                 if tls {
                     let share = ratio(medians[i], medians[0]);
+                    // The TLS relay does nothing but TLS and copies: no proxy
+                    // in the sidecar's position can do better on this machine.
+                    let floor = f
+                        .labels
+                        .iter()
+                        .position(|l| *l == TLS_RELAY)
+                        .map(|r| {
+                            let relay = ratio(medians[r], medians[0]) * 100.0;
+                            format!(" (the TLS relay, the floor: {relay:.1} %)")
+                        })
+                        .unwrap_or_default();
                     verdicts.push(Verdict {
                         upstream: f.upstream.into(),
                         path: (*label).into(),
@@ -141,7 +152,7 @@ impl Report {
                             "{transfer} ≥ {:.0} % of direct TLS",
                             TARGET_TLS_STREAM_RATIO * 100.0
                         ),
-                        figure: format!("{:.1} %", share * 100.0),
+                        figure: format!("{:.1} %{floor}", share * 100.0),
                         met: share >= TARGET_TLS_STREAM_RATIO,
                     });
                 }
