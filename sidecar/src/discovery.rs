@@ -289,7 +289,6 @@ static TABLE: Table = Table {
 /// The table built from the vendored document at compile time. It cannot
 /// fail any more; the `Result` stays for the router, which refuses requests
 /// when it has no table.
-#[allow(clippy::unnecessary_wraps)]
 pub fn table() -> Result<&'static Table, &'static str> {
     Ok(&TABLE)
 }
