@@ -1,23 +1,23 @@
 //! The JSON API's operations, from Google's discovery document for storage v1
 //! (vendored in `sidecar/discovery/`, see its README for the pinned version).
 //!
-//! The document is embedded and parsed once, at start-up ([`check`]), into a
-//! table of path templates. A `/storage/v1/...` request is forwarded only when
-//! its method and raw path match one template of a method classified here as
-//! routed; every method of the document must be classified
-//! ([`CLASSIFIED`]), so a method added upstream is refused until someone
-//! decides how the sidecar handles it (and the test
-//! `every_discovery_method_is_classified` says so).
+//! `build.rs` turns the document into a `static` table of path templates at
+//! compile time, so the sidecar neither embeds nor parses it at run time. A
+//! `/storage/v1/...` request is forwarded only when its method and raw path
+//! match one template of a method classified here as routed; every method of
+//! the document must be classified ([`CLASSIFIED`]), so a method added
+//! upstream is refused until someone decides how the sidecar handles it (and
+//! the test `every_discovery_method_is_classified` says so).
 
-use std::collections::BTreeMap;
-use std::sync::LazyLock;
+use std::borrow::Cow;
 
 use http::Method;
-use serde::Deserialize;
 
 use crate::route::Resource;
 
-/// The vendored discovery document.
+/// The vendored discovery document (the tests check the generated table
+/// against it).
+#[cfg(test)]
 pub const DOCUMENT: &str = include_str!("../discovery/storage.v1.json");
 
 /// How the sidecar treats one method of the document.
@@ -136,14 +136,47 @@ pub fn class_of(id: &str) -> Option<Class> {
         .map(|i| CLASSIFIED[i].1)
 }
 
-/// Path parameters that name a bucket.
-const BUCKET_PARAMS: [&str; 3] = ["bucket", "sourceBucket", "destinationBucket"];
+/// The reason given for a method of the document that [`CLASSIFIED`] does not
+/// list yet.
+const UNCLASSIFIED: Class = Class::Refused(
+    "this operation is new in the discovery document and not yet classified by \
+     bucketmap-sidecar",
+);
+
+/// The classification of method `id`, [`UNCLASSIFIED`] when it has none; a
+/// `const fn` so the generated table is classified at compile time.
+const fn class_or_unclassified(id: &str) -> Class {
+    let mut i = 0;
+    while i < CLASSIFIED.len() {
+        if same_bytes(CLASSIFIED[i].0, id) {
+            return CLASSIFIED[i].1;
+        }
+        i += 1;
+    }
+    UNCLASSIFIED
+}
+
+/// `a == b`, in a `const fn`.
+const fn same_bytes(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// One segment of a path template.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Segment {
     /// Matched byte for byte against the raw segment.
-    Literal(String),
+    Literal(&'static str),
     /// A bucket name.
     Bucket,
     /// Any other parameter (object name, entity, id): one non-empty raw segment.
@@ -154,17 +187,17 @@ pub enum Segment {
 #[derive(Clone, Debug)]
 pub struct Operation {
     /// The method id without `storage.` (`objects.get`), for metrics and logs.
-    pub name: String,
+    pub name: Cow<'static, str>,
     /// The HTTP method (`httpMethod`).
     pub method: Method,
     /// The template after `/storage/v1/`.
-    pub segments: Vec<Segment>,
+    pub segments: &'static [Segment],
     /// The request body's schema, when the method takes one.
-    pub request: Option<String>,
+    pub request: Option<Cow<'static, str>>,
     /// The `kind` of the request schema, when it has one (`storage#object`).
-    pub request_kind: Option<String>,
+    pub request_kind: Option<Cow<'static, str>>,
     /// The response body's schema, when the method returns one.
-    pub response: Option<String>,
+    pub response: Option<Cow<'static, str>>,
     /// `alt=media` is allowed (object data).
     pub media_download: bool,
     /// Whether the sidecar forwards it (translated) or refuses it.
@@ -179,7 +212,7 @@ impl Operation {
             .segments
             .iter()
             .map(|s| match s {
-                Segment::Literal(lit) => lit.as_str(),
+                Segment::Literal(lit) => *lit,
                 Segment::Bucket => bucket,
                 Segment::Param => "x",
             })
@@ -232,27 +265,10 @@ pub fn schema_resource(schema: &str) -> Resource {
 #[derive(Debug)]
 pub struct Table {
     /// Sorted: most literal segments first.
-    pub operations: Vec<Operation>,
+    pub operations: [Operation; OPERATION_COUNT],
 }
 
 impl Table {
-    /// Parses the discovery document `doc`.
-    pub fn parse(doc: &str) -> Result<Self, String> {
-        let doc: Document = serde_json::from_str(doc)
-            .map_err(|e| format!("cannot parse the storage v1 discovery document: {e}"))?;
-        let mut operations = Vec::with_capacity(128);
-        collect(&doc, &doc.resources, &mut operations)?;
-        operations.sort_by_key(|op| {
-            std::cmp::Reverse(
-                op.segments
-                    .iter()
-                    .filter(|s| matches!(s, Segment::Literal(_)))
-                    .count(),
-            )
-        });
-        Ok(Self { operations })
-    }
-
     /// The operation (routed or refused on purpose) for `method` and the raw
     /// segments after `/storage/v1/`; `None` when nothing matches.
     pub fn find(&self, method: &Method, segs: &[&str]) -> Option<&Operation> {
@@ -262,140 +278,69 @@ impl Table {
     }
 }
 
-static TABLE: LazyLock<Result<Table, String>> = LazyLock::new(|| Table::parse(DOCUMENT));
+// `OPERATION_COUNT` and `const OPERATIONS: [Operation; OPERATION_COUNT]`,
+// written by build.rs.
+include!(concat!(env!("OUT_DIR"), "/discovery_table.rs"));
 
-/// The table built from the vendored document.
+static TABLE: Table = Table {
+    operations: OPERATIONS,
+};
+
+/// The table built from the vendored document at compile time. It cannot
+/// fail any more; the `Result` stays for the router, which refuses requests
+/// when it has no table.
 pub fn table() -> Result<&'static Table, &'static str> {
-    TABLE.as_ref().map_err(String::as_str)
+    Ok(&TABLE)
 }
 
-/// Builds the table now (start-up), so a broken document stops the sidecar
-/// before it serves anything.
+/// Checks the table at start-up: it lists operations (the build already
+/// fails on a document it cannot turn into a table).
 pub fn check() -> anyhow::Result<()> {
-    table().map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
-}
-
-#[derive(Deserialize)]
-struct Document {
-    resources: BTreeMap<String, ResourceDoc>,
-    #[serde(default)]
-    schemas: BTreeMap<String, SchemaDoc>,
-}
-
-#[derive(Deserialize)]
-struct SchemaDoc {
-    #[serde(default)]
-    properties: BTreeMap<String, PropertyDoc>,
-}
-
-#[derive(Deserialize)]
-struct PropertyDoc {
-    #[serde(default)]
-    default: Option<serde_json::Value>,
-}
-
-impl Document {
-    /// The default `kind` of `schema`.
-    fn kind_of(&self, schema: &str) -> Option<String> {
-        let kind = self.schemas.get(schema)?.properties.get("kind")?;
-        kind.default.as_ref()?.as_str().map(str::to_owned)
-    }
-}
-
-#[derive(Deserialize)]
-struct ResourceDoc {
-    #[serde(default)]
-    methods: BTreeMap<String, MethodDoc>,
-    #[serde(default)]
-    resources: BTreeMap<String, ResourceDoc>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MethodDoc {
-    id: String,
-    http_method: String,
-    path: String,
-    request: Option<SchemaRef>,
-    response: Option<SchemaRef>,
-    #[serde(default)]
-    supports_media_download: bool,
-}
-
-#[derive(Deserialize)]
-struct SchemaRef {
-    #[serde(rename = "$ref")]
-    reference: String,
-}
-
-fn collect(
-    document: &Document,
-    resources: &BTreeMap<String, ResourceDoc>,
-    out: &mut Vec<Operation>,
-) -> Result<(), String> {
-    for resource in resources.values() {
-        for method in resource.methods.values() {
-            let mut op = operation(method)?;
-            op.request_kind = op.request.as_deref().and_then(|s| document.kind_of(s));
-            out.push(op);
-        }
-        collect(document, &resource.resources, out)?;
-    }
+    let table = table().map_err(|e| anyhow::anyhow!("{e}"))?;
+    anyhow::ensure!(
+        !table.operations.is_empty(),
+        "the discovery table lists no operation"
+    );
     Ok(())
-}
-
-fn operation(doc: &MethodDoc) -> Result<Operation, String> {
-    let method = Method::from_bytes(doc.http_method.as_bytes())
-        .map_err(|_| format!("{}: bad HTTP method {:?}", doc.id, doc.http_method))?;
-    let segments = doc
-        .path
-        .split('/')
-        .map(|seg| template_segment(&doc.id, seg))
-        .collect::<Result<_, _>>()?;
-    Ok(Operation {
-        name: doc
-            .id
-            .strip_prefix("storage.")
-            .unwrap_or(&doc.id)
-            .to_owned(),
-        method,
-        segments,
-        request: doc.request.as_ref().map(|r| r.reference.clone()),
-        request_kind: None,
-        response: doc.response.as_ref().map(|r| r.reference.clone()),
-        media_download: doc.supports_media_download,
-        class: class_of(&doc.id).unwrap_or(Class::Refused(
-            "this operation is new in the discovery document and not yet classified by \
-             bucketmap-sidecar",
-        )),
-    })
-}
-
-fn template_segment(id: &str, seg: &str) -> Result<Segment, String> {
-    match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
-        // Reserved expansion (`{+name}`) would span segments: not supported.
-        Some(name) if name.starts_with('+') || name.is_empty() => {
-            Err(format!("{id}: unsupported path parameter {seg:?}"))
-        }
-        Some(name) if BUCKET_PARAMS.contains(&name) => Ok(Segment::Bucket),
-        Some(_) => Ok(Segment::Param),
-        None if seg.is_empty() || seg.contains(['{', '}']) => {
-            Err(format!("{id}: malformed path segment {seg:?}"))
-        }
-        None => Ok(Segment::Literal(seg.to_owned())),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    /// The methods of the document, walked here independently of build.rs.
+    fn document_methods() -> Vec<Value> {
+        fn walk(resources: &Value, out: &mut Vec<Value>) {
+            for resource in resources.as_object().into_iter().flat_map(|m| m.values()) {
+                let methods = resource["methods"].as_object().into_iter();
+                out.extend(methods.flat_map(|m| m.values().cloned()));
+                walk(&resource["resources"], out);
+            }
+        }
+        let doc: Value = serde_json::from_str(DOCUMENT).unwrap_or_else(|e| panic!("{e}"));
+        let mut out = Vec::new();
+        walk(&doc["resources"], &mut out);
+        out
+    }
 
     fn document_ids() -> Vec<String> {
-        let doc: Document = serde_json::from_str(DOCUMENT).unwrap_or_else(|e| panic!("{e}"));
-        let mut ops = Vec::new();
-        collect(&doc, &doc.resources, &mut ops).unwrap_or_else(|e| panic!("{e}"));
-        ops.into_iter()
-            .map(|op| format!("storage.{}", op.name))
+        document_methods()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// The document's path template as the table spells it.
+    fn template_of(path: &str) -> Vec<Segment> {
+        path.split('/')
+            .map(
+                |seg| match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                    Some("bucket" | "sourceBucket" | "destinationBucket") => Segment::Bucket,
+                    Some(_) => Segment::Param,
+                    None => Segment::Literal(seg.to_owned().leak()),
+                },
+            )
             .collect()
     }
 
@@ -425,6 +370,52 @@ mod tests {
             stale.is_empty(),
             "classified but gone from the document: {stale:?}"
         );
+        for op in &table().unwrap_or_else(|e| panic!("{e}")).operations {
+            let id = format!("storage.{}", op.name);
+            assert_eq!(Some(op.class), class_of(&id), "{id}: the table's class");
+        }
+    }
+
+    /// The table build.rs generates holds every method of the document, as
+    /// the document describes it, most literal segments first.
+    #[test]
+    fn the_generated_table_is_the_document() {
+        let table = table().unwrap_or_else(|e| panic!("{e}"));
+        let methods = document_methods();
+        assert_eq!(
+            table.operations.len(),
+            methods.len(),
+            "one entry per method"
+        );
+        for m in &methods {
+            let id = m["id"].as_str().unwrap_or_default();
+            let name = id.strip_prefix("storage.").unwrap_or(id);
+            let op = table.operations.iter().find(|op| op.name == name);
+            let op = op.unwrap_or_else(|| panic!("{id} is missing from the table"));
+            assert_eq!(op.method.as_str(), m["httpMethod"], "{id}");
+            let path = m["path"].as_str().unwrap_or_default();
+            assert_eq!(op.segments, template_of(path), "{id}");
+            assert_eq!(op.request.as_deref(), m["request"]["$ref"].as_str(), "{id}");
+            assert_eq!(
+                op.response.as_deref(),
+                m["response"]["$ref"].as_str(),
+                "{id}"
+            );
+            let media = m["supportsMediaDownload"].as_bool().unwrap_or(false);
+            assert_eq!(op.media_download, media, "{id}");
+        }
+        let literals = |op: &Operation| {
+            let is_literal = |s: &&Segment| matches!(s, Segment::Literal(_));
+            op.segments.iter().filter(is_literal).count()
+        };
+        for pair in table.operations.windows(2) {
+            assert!(literals(&pair[0]) >= literals(&pair[1]), "{}", pair[1].name);
+        }
+        let insert = table.find(&Method::POST, &["b", "x", "o"]);
+        assert_eq!(
+            insert.and_then(|op| op.request_kind.as_deref()),
+            Some("storage#object")
+        );
     }
 
     #[test]
@@ -434,7 +425,7 @@ mod tests {
             for b in &table.operations[i + 1..] {
                 let same_shape = a.method == b.method
                     && a.segments.len() == b.segments.len()
-                    && a.segments.iter().zip(&b.segments).all(|(x, y)| x == y);
+                    && a.segments.iter().zip(b.segments).all(|(x, y)| x == y);
                 assert!(
                     !same_shape,
                     "{} and {} have the same template",
@@ -516,7 +507,7 @@ mod tests {
         use crate::rewrite::Direction;
         use crate::rewrite::json::rewrite_json_bytes;
         use crate::rewrite::testing::{mapping, translator, upstream_base};
-        let doc: serde_json::Value = serde_json::from_str(DOCUMENT).unwrap_or_default();
+        let doc: Value = serde_json::from_str(DOCUMENT).unwrap_or_default();
         let schemas = &doc["schemas"];
         let m = mapping();
         let links = upstream_base();
