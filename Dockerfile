@@ -8,7 +8,11 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 # The `dist` profile (Cargo.toml): `release` plus fat LTO and one codegen unit.
-RUN cargo build --profile dist --locked -p bucketmap -p bucketmap-sidecar \
+# One package per build: built together, Cargo would unify their dependencies'
+# features and link the operator's second crypto library (aws-lc) into the
+# sidecar as well (sidecar/Cargo.toml, google-cloud-auth).
+RUN cargo build --profile dist --locked -p bucketmap \
+ && cargo build --profile dist --locked -p bucketmap-sidecar \
  && mkdir /out \
  && cp target/dist/bucketmap target/dist/bucketmap-sidecar /out/
 

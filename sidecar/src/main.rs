@@ -13,7 +13,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     telemetry::init(config.log_format);
-    // ring and aws-lc are both linked (through google-cloud-auth): pick one.
+    // The provider google-cloud-auth signs with and every TLS client uses
+    // (the sidecar links ring only; in workspace builds the operator's
+    // dependencies may link aws-lc too, so it must be explicit).
     if rustls::crypto::ring::default_provider()
         .install_default()
         .is_err()

@@ -34,7 +34,8 @@ pub fn client_config(ca_file: Option<&Path>) -> anyhow::Result<rustls::ClientCon
             })?;
         }
     }
-    // An explicit provider: ring and aws-lc are both linked, rustls cannot pick alone.
+    // An explicit provider: in workspace builds aws-lc may be linked beside
+    // ring (through the operator's dependencies), and rustls cannot pick alone.
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
