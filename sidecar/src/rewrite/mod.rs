@@ -66,9 +66,14 @@ impl<'a> Translator<'a> {
     /// Translates a name from a field that is informational (ids, links):
     /// unknown names are left as they are in both directions.
     pub fn bucket_lenient(&self, name: &str) -> Option<String> {
+        self.bucket_lenient_str(name).map(str::to_owned)
+    }
+
+    /// [`Translator::bucket_lenient`], borrowed from the mapping.
+    pub fn bucket_lenient_str(&self, name: &str) -> Option<&'a str> {
         match self.direction {
-            Direction::ToPhysical => self.mapping.physical(name).map(str::to_owned),
-            Direction::ToLogical => self.mapping.logical(name).map(str::to_owned),
+            Direction::ToPhysical => self.mapping.physical(name),
+            Direction::ToLogical => self.mapping.logical(name),
         }
     }
 
