@@ -91,11 +91,20 @@ pub fn request_bucket(
     allow_physical: bool,
     name: &str,
 ) -> Result<String, ApiError> {
+    request_bucket_str(mapping, allow_physical, name).map(str::to_owned)
+}
+
+/// [`request_bucket`], borrowed from the mapping (or from `name`).
+pub fn request_bucket_str<'m>(
+    mapping: &'m Mapping,
+    allow_physical: bool,
+    name: &'m str,
+) -> Result<&'m str, ApiError> {
     if let Some(physical) = mapping.physical(name) {
-        return Ok(physical.to_owned());
+        return Ok(physical);
     }
     match mapping.logical(name) {
-        Some(_) if allow_physical => Ok(name.to_owned()),
+        Some(_) if allow_physical => Ok(name),
         Some(logical) => Err(ApiError::physical_name_refused(name, logical)),
         None => Err(ApiError::unknown_bucket(name)),
     }

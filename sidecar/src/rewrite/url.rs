@@ -12,13 +12,17 @@ use crate::route::{Api, Route, route, virtual_host_bucket};
 /// translated buckets. Returns `None` when `url` is not an absolute http(s)
 /// URL (it is then left alone). Unknown bucket names are kept.
 pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
-    let uri: Uri = url.parse().ok()?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return None;
-    }
-    let host = uri.authority()?.as_str();
-    let path = uri.path();
-    let query = uri.query();
+    let parsed;
+    let (host, path, query) = match split_plain_url(url) {
+        Some(parts) => parts,
+        None => {
+            parsed = url.parse::<Uri>().ok()?;
+            if !matches!(parsed.scheme_str(), Some("http" | "https")) {
+                return None;
+            }
+            (parsed.authority()?.as_str(), parsed.path(), parsed.query())
+        }
+    };
     let vhost = virtual_host_bucket(host, |label| tr.mapping.knows(label));
 
     // A link names a resource, not a request: read it as the request a
@@ -45,6 +49,38 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
         out.push_str(query);
     }
     Some(out)
+}
+
+/// The authority, path and query of an `http`/`https` URL made only of
+/// characters that [`Uri`] takes as they are (a lowercase scheme, a
+/// host of `a-z 0-9 . -` with an optional port, no fragment): the parts it
+/// would find, without copying the URL. `None` sends every other URL
+/// through [`Uri`]'s parser.
+fn split_plain_url(url: &str) -> Option<(&str, &str, Option<&str>)> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    if url.len() >= usize::from(u16::MAX) - 1 {
+        return None;
+    }
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path_and_query) = rest.split_at(end);
+    let (host, port) = authority.split_once(':').unwrap_or((authority, "0"));
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-'));
+    let port_ok =
+        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok();
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-._~%/?=&:+,;!$'()*@".contains(&b);
+    if !host_ok || !port_ok || !path_and_query.bytes().all(plain) {
+        return None;
+    }
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (path_and_query, None),
+    };
+    Some((authority, if path.is_empty() { "/" } else { path }, query))
 }
 
 /// Appends `path` to `out` with the bucket slots the router found in it
@@ -310,6 +346,52 @@ mod tests {
             let direction = if back { Direction::ToPhysical } else { Direction::ToLogical };
             let tr = translator(&m, &links, direction);
             proptest::prop_assert_eq!(rewrite_url(&url, &tr), reference(&url, &tr), "{}", url);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn plain_urls_split_as_uri_splits_them(url in "(https?|HTTP|ftp)://([a-z0-9.:-]{0,12}|[a-zA-Z0-9.:@\\[\\]-]{0,10})([/?][a-zA-Z0-9/?=&%#:.~ é\"-]{0,16})?") {
+            let by_uri = url.parse::<Uri>().ok().and_then(|uri| {
+                let (path, query) = (uri.path().to_owned(), uri.query().map(str::to_owned));
+                Some((uri.authority()?.as_str().to_owned(), path, query))
+            });
+            if let Some((authority, path, query)) = split_plain_url(&url) {
+                proptest::prop_assert_eq!(
+                    by_uri,
+                    Some((authority.to_owned(), path.to_owned(), query.map(str::to_owned))),
+                    "{}", url
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn plain_urls_take_the_short_way() {
+        assert_eq!(
+            split_plain_url(
+                "https://storage.googleapis.com/download/storage/v1/b/p/o/a%2Fb?alt=media"
+            ),
+            Some((
+                "storage.googleapis.com",
+                "/download/storage/v1/b/p/o/a%2Fb",
+                Some("alt=media")
+            ))
+        );
+        assert_eq!(
+            split_plain_url("http://127.0.0.1:4443"),
+            Some(("127.0.0.1:4443", "/", None))
+        );
+        assert_eq!(split_plain_url("http://h?q"), Some(("h", "/", Some("q"))));
+        for other in [
+            "ftp://h/x",
+            "http://[::1]/x",
+            "http://H/x",
+            "http://h/x#f",
+            "http://h:99999/",
+            "http:///x",
+        ] {
+            assert_eq!(split_plain_url(other), None, "{other}");
         }
     }
 
