@@ -63,25 +63,60 @@ fn split_plain_url(url: &str) -> Option<(&str, &str, Option<&str>)> {
     if url.len() >= usize::from(u16::MAX) - 1 {
         return None;
     }
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let end = rest
+        .bytes()
+        .position(|b| b == b'/' || b == b'?')
+        .unwrap_or(rest.len());
     let (authority, path_and_query) = rest.split_at(end);
     let (host, port) = authority.split_once(':').unwrap_or((authority, "0"));
     let host_ok = !host.is_empty()
         && host
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-'));
-    let port_ok =
-        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok();
-    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-._~%/?=&:+,;!$'()*@".contains(&b);
-    if !host_ok || !port_ok || !path_and_query.bytes().all(plain) {
+    let port_ok = port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok();
+    if !host_ok || !port_ok || !path_and_query.bytes().all(|b| PLAIN[usize::from(b)]) {
         return None;
     }
-    let (path, query) = match path_and_query.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
+    let (path, query) = match memchr::memchr(b'?', path_and_query.as_bytes()) {
+        Some(q) => (&path_and_query[..q], Some(&path_and_query[q + 1..])),
         None => (path_and_query, None),
     };
     Some((authority, if path.is_empty() { "/" } else { path }, query))
 }
+
+/// The bytes [`split_plain_url`] lets through in a path and query.
+static PLAIN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        table[i] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'/'
+                    | b'?'
+                    | b'='
+                    | b'&'
+                    | b':'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'!'
+                    | b'$'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'@'
+            );
+        i += 1;
+    }
+    table
+};
 
 /// Appends `path` to `out` with the bucket slots the router found in it
 /// translated (names the mapping does not know are kept), moved between
