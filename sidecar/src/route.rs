@@ -421,7 +421,11 @@ impl<T: Copy + Default, const N: usize> StackVec<T, N> {
 
 /// `.` or `..`, also percent-encoded (`%2E`, `.%2e`).
 fn is_dot_segment(raw: &str) -> bool {
-    if raw.contains('%') {
+    // `%2E%2E` is the longest spelling: longer segments decode to 3+ bytes.
+    if raw.len() > 6 {
+        return false;
+    }
+    if raw.bytes().any(|b| b == b'%') {
         let decoded = percent_decode_str(raw).collect::<Vec<u8>>();
         matches!(decoded.as_slice(), b"." | b"..")
     } else {
@@ -1399,6 +1403,13 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn dot_segments_are_found_in_every_spelling(raw in "(\\.|%2[eE]|a|%41){0,4}") {
+            let decoded = percent_decode_str(&raw).collect::<Vec<u8>>();
+            let dot = matches!(decoded.as_slice(), b"." | b"..");
+            proptest::prop_assert_eq!(is_dot_segment(&raw), dot, "{}", raw);
+        }
+
         #[test]
         fn percent_check_agrees_with_the_byte_by_byte_one(raw in "[%a-fA-G0-9/]{0,12}") {
             proptest::prop_assert_eq!(check_percent_encoding(&raw), percent_check_by_bytes(&raw));
