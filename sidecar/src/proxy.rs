@@ -732,13 +732,26 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
 }
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the few headers a message has (no hashing) settles the
-    // usual case: nothing to strip (`Connection` is hop-by-hop itself).
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // One pass over the few headers a message has finds the hop-by-hop ones
+    // present; only those are removed (removing an absent name still hashes
+    // it). `HOP_BY_HOP[0]` is `Connection`, whose list is hop-by-hop too.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
-    let listed: Vec<HeaderName> = connection_listed(headers).collect();
-    for name in HOP_BY_HOP.iter().chain(&listed) {
+    let listed: Vec<HeaderName> = match present[0] {
+        true => connection_listed(headers).collect(),
+        false => Vec::new(),
+    };
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, here)| *here) {
+        headers.remove(name);
+    }
+    for name in &listed {
         headers.remove(name);
     }
 }
@@ -828,6 +841,11 @@ mod tests {
 
     #[test]
     fn hop_by_hop_headers_are_stripped_with_those_connection_lists() {
+        assert_eq!(
+            HOP_BY_HOP[0],
+            header::CONNECTION,
+            "strip_hop_by_hop relies on it"
+        );
         let mut headers = header_map(&[
             ("connection", "x-secret, keep-alive"),
             ("keep-alive", "timeout=5"),

@@ -397,6 +397,7 @@ impl<T: Copy + Default, const N: usize> StackVec<T, N> {
         }
     }
 
+    #[inline]
     fn push(&mut self, value: T) {
         if self.spilled.is_empty() && self.len < N {
             self.inline[self.len] = value;
@@ -410,6 +411,7 @@ impl<T: Copy + Default, const N: usize> StackVec<T, N> {
         self.spilled.push(value);
     }
 
+    #[inline]
     fn as_slice(&self) -> &[T] {
         if self.spilled.is_empty() {
             &self.inline[..self.len]

@@ -386,7 +386,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn plain_urls_split_as_uri_splits_them(url in "(https?|HTTP|ftp)://([a-z0-9.:-]{0,12}|[a-zA-Z0-9.:@\\[\\]-]{0,10})([/?][a-zA-Z0-9/?=&%#:.~ é\"-]{0,16})?") {
+        fn plain_urls_split_as_uri_splits_them(url in "(https?|HTTP|ftp)://([a-z0-9.:-]{0,12}|[a-zA-Z0-9.:@\\[\\]-]{0,10})([/?][a-zA-Z0-9/?=&%#:.~ é\"_+,;!$'()*@<>{}|^`\\\\\\[\\]-]{0,16})?") {
             let by_uri = url.parse::<Uri>().ok().and_then(|uri| {
                 let (path, query) = (uri.path().to_owned(), uri.query().map(str::to_owned));
                 Some((uri.authority()?.as_str().to_owned(), path, query))
