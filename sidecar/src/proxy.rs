@@ -863,6 +863,22 @@ mod tests {
     }
 
     #[test]
+    fn forwarded_requests_lose_host_expect_and_the_method_override() {
+        let incoming = header_map(&[
+            ("host", "127.0.0.1:9023"),
+            ("expect", "100-continue"),
+            ("x-http-method-override", "PATCH"),
+            ("te", "trailers"),
+            ("authorization", "Bearer t"),
+            ("x-goog-user-project", "p"),
+        ]);
+        let forwarded = forwarded_headers(&incoming);
+        let mut left: Vec<&str> = forwarded.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "x-goog-user-project"]);
+    }
+
+    #[test]
     fn messages_without_hop_by_hop_headers_keep_every_header() {
         let pairs = [
             ("content-type", "application/json"),
