@@ -12,25 +12,32 @@ pub fn is_bucket_char(b: u8) -> bool {
 /// concern: the sidecar only needs names that are safe to put in a path.
 pub fn is_valid_bucket_name(name: &str) -> bool {
     let bytes = name.as_bytes();
-    let dotted = name.contains('.');
-    let max = if dotted { 222 } else { 63 };
-    if bytes.len() < 3 || bytes.len() > max {
-        return false;
-    }
-    if !bytes.iter().all(|&b| is_bucket_char(b)) {
-        return false;
-    }
     let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    if !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
+    let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) else {
+        return false;
+    };
+    if bytes.len() < 3 || bytes.len() > 222 || !alnum(first) || !alnum(last) {
         return false;
     }
-    if name
-        .split('.')
-        .any(|part| part.is_empty() || part.len() > 63)
-    {
-        return false;
+    // One pass: the characters, and the length of each dot-separated component.
+    let (mut dotted, mut component) = (false, 0usize);
+    for &b in bytes {
+        if b == b'.' {
+            if component == 0 {
+                return false;
+            }
+            dotted = true;
+            component = 0;
+        } else if is_bucket_char(b) {
+            component += 1;
+            if component > 63 {
+                return false;
+            }
+        } else {
+            return false;
+        }
     }
-    // Only a dotted name can be an IPv4 address.
+    // Only a dotted name may exceed 63 characters or be an IPv4 address.
     !dotted || name.parse::<std::net::Ipv4Addr>().is_err()
 }
 
@@ -49,6 +56,46 @@ mod tests {
             "123",
         ] {
             assert!(is_valid_bucket_name(ok), "{ok}");
+        }
+    }
+
+    /// The rules as documented, one at a time: what the one-pass check must agree with.
+    fn by_the_rules(name: &str) -> bool {
+        let bytes = name.as_bytes();
+        let dotted = name.contains('.');
+        let max = if dotted { 222 } else { 63 };
+        let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        (3..=max).contains(&bytes.len())
+            && bytes.iter().all(|&b| is_bucket_char(b))
+            && alnum(bytes[0])
+            && alnum(bytes[bytes.len() - 1])
+            && !name.split('.').any(|p| p.is_empty() || p.len() > 63)
+            && (!dotted || name.parse::<std::net::Ipv4Addr>().is_err())
+    }
+
+    #[test]
+    fn length_limits_hold_at_their_edges() {
+        let component = |n| "a".repeat(n);
+        let dotted = |parts: usize, n| vec![component(n); parts].join(".");
+        assert!(is_valid_bucket_name(&component(63)));
+        assert!(!is_valid_bucket_name(&component(64)));
+        assert!(is_valid_bucket_name(&dotted(2, 63)));
+        assert!(!is_valid_bucket_name(&dotted(2, 64)));
+        // 55 * 4 + 3 dots = 223 > 222; 55 + 3 * 54 + 3 dots = 220.
+        assert!(!is_valid_bucket_name(&dotted(4, 55)));
+        assert!(is_valid_bucket_name(&format!(
+            "{}.{}",
+            component(55),
+            dotted(3, 54)
+        )));
+        assert!(is_valid_bucket_name("1.2.3.4.5"));
+        assert!(!is_valid_bucket_name("1.2.3.4"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn one_pass_check_agrees_with_the_rules(name in "[a-z0-9._A-]{0,8}|[a-z.]{60,70}|[0-9.]{7,15}") {
+            proptest::prop_assert_eq!(is_valid_bucket_name(&name), by_the_rules(&name), "{:?}", name);
         }
     }
 

@@ -156,12 +156,21 @@ static HOP_BY_HOP: [HeaderName; 9] = [
 ];
 
 /// Response headers holding absolute URLs the client follows.
-const LINK_HEADERS: [&str; 4] = [
-    "location",
-    "content-location",
-    "x-goog-upload-url",
-    "x-goog-upload-control-url",
+static LINK_HEADERS: [HeaderName; 4] = [
+    header::LOCATION,
+    header::CONTENT_LOCATION,
+    HeaderName::from_static("x-goog-upload-url"),
+    HeaderName::from_static("x-goog-upload-control-url"),
 ];
+
+/// Request headers naming a copy's source object.
+static COPY_SOURCE_HEADERS: [HeaderName; 2] = [
+    HeaderName::from_static("x-goog-copy-source"),
+    HeaderName::from_static("x-amz-copy-source"),
+];
+
+/// `X-HTTP-Method-Override`, parsed once.
+static METHOD_OVERRIDE_HEADER: HeaderName = HeaderName::from_static(METHOD_OVERRIDE);
 
 impl Proxy {
     /// Fails when `upstream` lacks a scheme or host, or the JSON API's
@@ -533,7 +542,7 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, ApiError> {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        for name in LINK_HEADERS {
+        for name in &LINK_HEADERS {
             if let Some(value) = parts.headers.get(name).and_then(|v| v.to_str().ok()) {
                 let absolute = if value.starts_with('/') {
                     format!("{}://{}{value}", tr.links.scheme, tr.links.authority)
@@ -543,7 +552,7 @@ impl Proxy {
                 if let Some(new) =
                     rewrite_url(&absolute, tr).and_then(|v| HeaderValue::from_str(&v).ok())
                 {
-                    parts.headers.insert(HeaderName::from_static(name), new);
+                    parts.headers.insert(name.clone(), new);
                 }
             }
         }
@@ -618,7 +627,7 @@ fn upstream_headers(
     credentials: Option<HeaderMap>,
 ) -> Result<HeaderMap, ApiError> {
     let mut headers = forwarded_headers(incoming);
-    for name in ["x-goog-copy-source", "x-amz-copy-source"] {
+    for name in &COPY_SOURCE_HEADERS {
         if let Some(value) = incoming.get(name) {
             let value = value
                 .to_str()
@@ -626,7 +635,7 @@ fn upstream_headers(
             let new = rewrite_copy_source(value, to_physical)?;
             let new = HeaderValue::from_str(&new)
                 .map_err(|_| ApiError::bad_request(format!("{name} cannot be rewritten")))?;
-            headers.insert(HeaderName::from_static(name), new);
+            headers.insert(name.clone(), new);
         }
     }
     if routed.response_body != ResponseBody::Media {
@@ -715,7 +724,7 @@ fn replaced_body(headers: &mut HeaderMap, original: Bytes, new: Option<Vec<u8>>)
 
 fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     let mut headers = incoming.clone();
-    headers.remove(METHOD_OVERRIDE);
+    headers.remove(&METHOD_OVERRIDE_HEADER);
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::EXPECT);
@@ -723,8 +732,26 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
 }
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = connection_listed(headers).collect();
-    for name in HOP_BY_HOP.iter().chain(&listed) {
+    // One pass over the few headers a message has finds the hop-by-hop ones
+    // present; only those are removed (removing an absent name still hashes
+    // it). `HOP_BY_HOP[0]` is `Connection`, whose list is hop-by-hop too.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
+        return;
+    }
+    let listed: Vec<HeaderName> = match present[0] {
+        true => connection_listed(headers).collect(),
+        false => Vec::new(),
+    };
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, here)| *here) {
+        headers.remove(name);
+    }
+    for name in &listed {
         headers.remove(name);
     }
 }
@@ -804,6 +831,64 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn header_map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_stripped_with_those_connection_lists() {
+        assert_eq!(
+            HOP_BY_HOP[0],
+            header::CONNECTION,
+            "strip_hop_by_hop relies on it"
+        );
+        let mut headers = header_map(&[
+            ("connection", "x-secret, keep-alive"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("x-secret", "1"),
+            ("content-type", "application/json"),
+        ]);
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["content-type"]);
+
+        let mut headers = header_map(&[("upgrade", "h2c")]);
+        strip_hop_by_hop(&mut headers);
+        assert!(headers.is_empty(), "{headers:?}");
+    }
+
+    #[test]
+    fn forwarded_requests_lose_host_expect_and_the_method_override() {
+        let incoming = header_map(&[
+            ("host", "127.0.0.1:9023"),
+            ("expect", "100-continue"),
+            ("x-http-method-override", "PATCH"),
+            ("te", "trailers"),
+            ("authorization", "Bearer t"),
+            ("x-goog-user-project", "p"),
+        ]);
+        let forwarded = forwarded_headers(&incoming);
+        let mut left: Vec<&str> = forwarded.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "x-goog-user-project"]);
+    }
+
+    #[test]
+    fn messages_without_hop_by_hop_headers_keep_every_header() {
+        let pairs = [
+            ("content-type", "application/json"),
+            ("x-goog-generation", "1"),
+            ("x-goog-generation", "2"),
+        ];
+        let mut headers = header_map(&pairs);
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers, header_map(&pairs));
+    }
 
     #[test]
     fn link_hosts_keep_the_name_and_drop_the_port() {

@@ -247,17 +247,18 @@ pub fn route(
     }
     let query = query.unwrap_or("");
     let segs = segments(path);
+    let segs = segs.as_slice();
     if let Some(bucket) = virtual_host {
         if !is_valid_bucket_name(bucket) {
             return Err(RouteError::InvalidBucket(bucket.to_owned()));
         }
-        let mut route = xml_route(method, &segs, query)?;
+        let mut route = xml_route(method, segs, query)?;
         route.virtual_host = Some(bucket.to_owned());
         return Ok(route);
     }
     let first = segs.first().map_or("", |s| s.1);
     if !JSON_FAMILY.contains(&first) {
-        return match segs.as_slice() {
+        return match segs {
             [(_, "")] => xml_service(method),
             [bucket, rest @ ..] => {
                 let mut route = xml_route(method, rest, query)?;
@@ -267,8 +268,9 @@ pub fn route(
             [] => Err(RouteError::NotAbsolute(String::new())),
         };
     }
-    check_strict_segments(&segs)?;
-    let names: Vec<&str> = segs.iter().map(|s| s.1).collect();
+    check_strict_segments(segs)?;
+    let mut names = StackVec::<&str, INLINE_SEGMENTS>::new();
+    segs.iter().for_each(|s| names.push(s.1));
     let unknown = || RouteError::UnknownOperation {
         method: method.to_string(),
         path: path.chars().take(128).collect(),
@@ -281,7 +283,7 @@ pub fn route(
         }
         // fake-gcs-server's resumable session URLs: no bucket in them.
         ["upload", "resumable", _] => upload_session(method, unknown),
-        ["download", "storage", "v1", "b", _, "o", _] if is_read(method) => download_route(&segs),
+        ["download", "storage", "v1", "b", _, "o", _] if is_read(method) => download_route(segs),
         ["batch", "storage", "v1"] if *method == Method::POST => Ok(Some(route_of(
             Api::Batch,
             "batch",
@@ -298,15 +300,24 @@ pub fn route(
 /// host is a name with more than one label (not an IP address).
 pub fn virtual_host_bucket(host: &str, is_bucket: impl Fn(&str) -> bool) -> Option<String> {
     let host = host_without_port(host);
-    if host.parse::<std::net::IpAddr>().is_ok() {
+    // An IP address starts with a hex digit (or `:`); names mostly do not.
+    let may_be_ip = host
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_hexdigit() || b == b':');
+    if may_be_ip && host.parse::<std::net::IpAddr>().is_ok() {
         return None;
     }
     let (first, rest) = host.split_once('.')?;
     if rest.is_empty() {
         return None;
     }
-    let first = first.to_ascii_lowercase();
-    is_bucket(&first).then_some(first)
+    let first = if first.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(first.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(first)
+    };
+    is_bucket(&first).then(|| first.into_owned())
 }
 
 fn host_without_port(host: &str) -> &str {
@@ -336,25 +347,25 @@ pub fn replace_slots(path: &str, slots: &[BucketSlot], names: &[&str]) -> String
 
 fn check_percent_encoding(raw: &str) -> Result<(), RouteError> {
     let bytes = raw.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let ok = bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
-                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit);
-            if !ok {
-                return Err(RouteError::BadPercentEncoding(i));
-            }
-            i += 3;
-        } else {
-            i += 1;
+    let hex = |i: usize| bytes.get(i).is_some_and(u8::is_ascii_hexdigit);
+    // `%` signs are few: jump from one to the next.
+    let mut from = 0;
+    while let Some(at) = memchr::memchr(b'%', &bytes[from..]) {
+        let i = from + at;
+        if !(hex(i + 1) && hex(i + 2)) {
+            return Err(RouteError::BadPercentEncoding(i));
+        }
+        from = i + 3;
+        if from >= bytes.len() {
+            break;
         }
     }
     Ok(())
 }
 
 /// Path segments after the leading `/`, each with its byte offset in `path`.
-fn segments(path: &str) -> Vec<(usize, &str)> {
-    let mut out = Vec::with_capacity(8);
+fn segments(path: &str) -> StackVec<(usize, &str), INLINE_SEGMENTS> {
+    let mut out = StackVec::new();
     let mut start = 1;
     for slash in memchr::memchr_iter(b'/', &path.as_bytes()[1..]) {
         let end = slash + 1;
@@ -365,9 +376,58 @@ fn segments(path: &str) -> Vec<(usize, &str)> {
     out
 }
 
+/// Segments of a path kept on the stack; longer paths spill to the heap.
+const INLINE_SEGMENTS: usize = 16;
+
+/// A list kept in an inline array while it fits, in a `Vec` once it does
+/// not: the segments of a path are listed on every routed request and link,
+/// and almost never number more than a handful.
+struct StackVec<T, const N: usize> {
+    inline: [T; N],
+    len: usize,
+    spilled: Vec<T>,
+}
+
+impl<T: Copy + Default, const N: usize> StackVec<T, N> {
+    fn new() -> Self {
+        Self {
+            inline: [T::default(); N],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, value: T) {
+        if self.spilled.is_empty() && self.len < N {
+            self.inline[self.len] = value;
+            self.len += 1;
+            return;
+        }
+        if self.spilled.is_empty() {
+            self.spilled.reserve(2 * N);
+            self.spilled.extend_from_slice(&self.inline);
+        }
+        self.spilled.push(value);
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[T] {
+        if self.spilled.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+}
+
 /// `.` or `..`, also percent-encoded (`%2E`, `.%2e`).
 fn is_dot_segment(raw: &str) -> bool {
-    if raw.contains('%') {
+    // `%2E%2E` is the longest spelling: longer segments decode to 3+ bytes.
+    if raw.len() > 6 {
+        return false;
+    }
+    if raw.bytes().any(|b| b == b'%') {
         let decoded = percent_decode_str(raw).collect::<Vec<u8>>();
         matches!(decoded.as_slice(), b"." | b"..")
     } else {
@@ -464,6 +524,68 @@ fn routing_params<'q, const N: usize>(
     Ok(found)
 }
 
+/// Methods the operation index has a row for (the discovery document's).
+const INDEXED_METHODS: [Method; 5] = [
+    Method::GET,
+    Method::POST,
+    Method::PUT,
+    Method::PATCH,
+    Method::DELETE,
+];
+
+/// The discovery table's operations grouped by method and segment count,
+/// each group in table order: a lookup compares only the templates that can
+/// match, and finds what [`discovery::Table::find`] finds.
+struct OperationIndex {
+    /// `groups[method][segment count]`.
+    groups: Vec<Vec<Vec<&'static discovery::Operation>>>,
+}
+
+impl OperationIndex {
+    fn new(table: &'static discovery::Table) -> Self {
+        let longest = table
+            .operations
+            .iter()
+            .map(|op| op.segments.len())
+            .max()
+            .unwrap_or(0);
+        let mut groups = vec![vec![Vec::new(); longest + 1]; INDEXED_METHODS.len()];
+        for op in &table.operations {
+            if let Some(m) = INDEXED_METHODS.iter().position(|m| *m == op.method) {
+                groups[m][op.segments.len()].push(op);
+            }
+        }
+        Self { groups }
+    }
+
+    /// The group `method` and `len` select; `None` when the index has no
+    /// row for the method (the table is then searched whole).
+    fn group(&self, method: &Method, len: usize) -> Option<&[&'static discovery::Operation]> {
+        let m = INDEXED_METHODS.iter().position(|m| m == method)?;
+        Some(self.groups[m].get(len).map_or(&[][..], Vec::as_slice))
+    }
+}
+
+static OPERATION_INDEX: std::sync::LazyLock<Result<OperationIndex, &'static str>> =
+    std::sync::LazyLock::new(|| discovery::table().map(OperationIndex::new));
+
+/// The discovery operation for `method` and the segments after
+/// `/storage/v1/`, as [`discovery::Table::find`] answers, through the index.
+fn find_operation(
+    method: &Method,
+    names: &[&str],
+) -> Result<Option<&'static discovery::Operation>, RouteError> {
+    let index = OPERATION_INDEX
+        .as_ref()
+        .map_err(|&e| RouteError::TableUnavailable(e))?;
+    Ok(match index.group(method, names.len()) {
+        Some(group) => group.iter().copied().find(|op| op.matches(names)),
+        None => discovery::table()
+            .map_err(RouteError::TableUnavailable)?
+            .find(method, names),
+    })
+}
+
 /// `/storage/v1/` + `segs`: an operation of the discovery document.
 fn json_route(
     method: &Method,
@@ -472,8 +594,7 @@ fn json_route(
     query: &str,
     unknown: impl Fn() -> RouteError,
 ) -> Result<Option<Route>, RouteError> {
-    let table = discovery::table().map_err(RouteError::TableUnavailable)?;
-    let Some(op) = table.find(method, names) else {
+    let Some(op) = find_operation(method, names)? else {
         return Err(unknown());
     };
     if let Class::Refused(reason) = op.class {
@@ -1195,6 +1316,119 @@ mod tests {
         assert_eq!(virtual_host_bucket("127.0.0.1:9023", |_| true), None);
         assert_eq!(virtual_host_bucket("[::1]:9023", |_| true), None);
         assert_eq!(virtual_host_bucket("other.localhost", known), None);
+        assert_eq!(virtual_host_bucket("::1", |_| true), None);
+        assert_eq!(
+            virtual_host_bucket("a.b.c.d.example", |_| true).as_deref(),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn the_operation_index_finds_what_the_table_finds() {
+        let table = discovery::table().unwrap_or_else(|e| panic!("{e}"));
+        let methods = [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+            Method::OPTIONS,
+        ];
+        let mut checked = 0;
+        for op in &table.operations {
+            let concrete: Vec<&str> = op
+                .segments
+                .iter()
+                .map(|seg| match seg {
+                    Segment::Literal(lit) => lit.as_str(),
+                    Segment::Bucket => "photos",
+                    Segment::Param => "o",
+                })
+                .collect();
+            // The template itself, and one segment more or less.
+            let longer = [concrete.as_slice(), &["x"]].concat();
+            let shorter = &concrete[..concrete.len().saturating_sub(1)];
+            for names in [concrete.as_slice(), &longer, shorter] {
+                for method in &methods {
+                    let found = find_operation(method, names).unwrap_or_else(|e| panic!("{e}"));
+                    let want = table.find(method, names);
+                    assert_eq!(
+                        found.map(|op| &op.name),
+                        want.map(|op| &op.name),
+                        "{method} {names:?}"
+                    );
+                    checked += usize::from(want.is_some());
+                }
+            }
+        }
+        assert!(checked >= table.operations.len(), "{checked}");
+    }
+
+    #[test]
+    fn paths_with_many_segments_are_routed_as_short_ones() {
+        let object: String = (0..40).map(|i| format!("/d{i}")).collect();
+        let path = format!("/photos{object}");
+        let routed = route(&Method::GET, &path, None, None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(routed.operation, "xml.object.get");
+        assert_eq!(routed.buckets.len(), 1);
+        assert_eq!(routed.buckets[0].range, 1..7);
+        let dotted = format!("/photos/a{}/./b", "/x".repeat(30));
+        assert_eq!(
+            route(&Method::GET, &dotted, None, None),
+            Err(RouteError::DotSegment(".".to_owned()))
+        );
+        let json = format!("/storage/v1/b/photos/o/a{}", "/x".repeat(30));
+        assert!(matches!(
+            route(&Method::GET, &json, None, None),
+            Err(RouteError::UnknownOperation { .. })
+        ));
+    }
+
+    /// The byte-by-byte percent-encoding check the `memchr` one replaced.
+    fn percent_check_by_bytes(raw: &str) -> Result<(), RouteError> {
+        let bytes = raw.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                let ok = bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit);
+                if !ok {
+                    return Err(RouteError::BadPercentEncoding(i));
+                }
+                i += 3;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn dot_segments_are_found_in_every_spelling(raw in "(\\.|%2[eE]|a|%41){0,4}") {
+            let decoded = percent_decode_str(&raw).collect::<Vec<u8>>();
+            let dot = matches!(decoded.as_slice(), b"." | b"..");
+            proptest::prop_assert_eq!(is_dot_segment(&raw), dot, "{}", raw);
+        }
+
+        #[test]
+        fn percent_check_agrees_with_the_byte_by_byte_one(raw in "[%a-fA-G0-9/]{0,12}") {
+            proptest::prop_assert_eq!(check_percent_encoding(&raw), percent_check_by_bytes(&raw));
+        }
+    }
+
+    #[test]
+    fn stack_vec_spills_in_order() {
+        let mut list = StackVec::<usize, 4>::new();
+        for i in 0..4 {
+            list.push(i);
+        }
+        assert_eq!(list.as_slice(), [0, 1, 2, 3]);
+        for i in 4..11 {
+            list.push(i);
+        }
+        assert_eq!(list.as_slice(), (0..11).collect::<Vec<_>>());
     }
 }
 

@@ -24,8 +24,8 @@ use crate::errors::{ApiError, ErrorStyle};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
 use crate::proxy::virtual_host;
-use crate::rewrite::request_bucket;
-use crate::route::{Route, replace_slots, route};
+use crate::rewrite::request_bucket_str;
+use crate::route::{Route, route};
 use crate::signing::signature_kind;
 
 /// A request the sidecar can rewrite, with what routing found.
@@ -179,27 +179,41 @@ fn physical_path(
     path: &str,
     query: Option<&str>,
 ) -> Result<PathAndQuery, ApiError> {
-    let physical: Vec<String> = routed
-        .buckets
-        .iter()
-        .map(|slot| request_bucket(mapping, allow, &slot.name))
-        .collect::<Result<_, _>>()?;
-    let names: Vec<&str> = physical.iter().map(String::as_str).collect();
-    let mut upstream_path = replace_slots(path, &routed.buckets, &names);
+    // Room for the path, longer bucket names, and the query.
+    let mut out = String::with_capacity(path.len() + 64 + query.map_or(0, |q| q.len() + 1));
     if let Some(bucket) = &routed.virtual_host {
-        let bucket = request_bucket(mapping, allow, bucket)?;
-        upstream_path = if upstream_path == "/" {
-            format!("/{bucket}")
-        } else {
-            format!("/{bucket}{upstream_path}")
-        };
+        // Virtual-hosted style becomes path style: `/{bucket}{path}`, and
+        // `/{bucket}` for the bucket itself.
+        out.push('/');
+        out.push_str(request_bucket_str(mapping, allow, bucket)?);
     }
-    let path_and_query = match query {
-        Some(q) => format!("{upstream_path}?{q}"),
-        None => upstream_path,
-    };
-    PathAndQuery::try_from(path_and_query)
+    if routed.virtual_host.is_none() || path != "/" {
+        push_physical_path(&mut out, routed, mapping, allow, path)?;
+    }
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    PathAndQuery::try_from(out)
         .map_err(|e| ApiError::bad_request(format!("cannot build the upstream path: {e}")))
+}
+
+/// Appends `path` with each bucket slot replaced by its physical name.
+fn push_physical_path(
+    out: &mut String,
+    routed: &Route,
+    mapping: &Mapping,
+    allow: bool,
+    path: &str,
+) -> Result<(), ApiError> {
+    let mut at = 0;
+    for slot in &routed.buckets {
+        out.push_str(&path[at..slot.range.start]);
+        out.push_str(request_bucket_str(mapping, allow, &slot.name)?);
+        at = slot.range.end;
+    }
+    out.push_str(&path[at..]);
+    Ok(())
 }
 
 /// The header some clients (Google's Java client on `HttpURLConnection`) use
@@ -457,5 +471,26 @@ mod tests {
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].1, format!("/{PHYSICAL}/a/b.txt"));
         assert_eq!(seen[0].2, "photos.localhost:9023");
+        // The bucket itself, virtual-hosted: `/{bucket}`, the query kept.
+        let req = request(
+            Method::GET,
+            "/?prefix=a%2F",
+            &[("host", "photos.localhost:9023")],
+        );
+        let handed = hand_on(&layer, req).await;
+        let seen = handed.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(seen[0].1, format!("/{PHYSICAL}?prefix=a%2F"));
+        // Every bucket slot of the path is replaced.
+        let req = request(
+            Method::POST,
+            "/storage/v1/b/photos/o/x/rewriteTo/b/photos/o/y",
+            &[],
+        );
+        let handed = hand_on(&layer, req).await;
+        let seen = handed.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(
+            seen[0].1,
+            format!("/storage/v1/b/{PHYSICAL}/o/x/rewriteTo/b/{PHYSICAL}/o/y")
+        );
     }
 }

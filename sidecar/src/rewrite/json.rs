@@ -226,7 +226,9 @@ fn lenient(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
 fn id_prefix(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
     let _ = obj.each_string(key, |id| {
         let (bucket, rest) = id.split_at(id.find('/').unwrap_or(id.len()));
-        Ok(tr.bucket_lenient(bucket).map(|new| format!("{new}{rest}")))
+        Ok(tr
+            .bucket_lenient_str(bucket)
+            .map(|new| [new, rest].concat()))
     });
 }
 
@@ -440,18 +442,42 @@ impl<'a> Object<'a> {
 
 /// A JSON string value, borrowed when it has no escapes.
 fn string_value(raw: &RawValue) -> Option<Cow<'_, str>> {
-    if !raw.get().starts_with('"') {
+    let text = raw.get();
+    if !text.starts_with('"') {
         return None;
     }
-    serde_json::from_str::<Text<'_>>(raw.get())
-        .ok()
-        .map(|t| t.0)
+    // A raw value is valid JSON: a string without escapes is its own text.
+    if let Some(inner) = text[1..].strip_suffix('"')
+        && !inner.contains('\\')
+    {
+        return Some(Cow::Borrowed(inner));
+    }
+    serde_json::from_str::<Text<'_>>(text).ok().map(|t| t.0)
 }
 
 fn json_string(text: &str) -> Vec<u8> {
+    // Nothing to escape (the usual case: names, ids, links): quotes around.
+    if !text.bytes().any(|b| ESCAPED[usize::from(b)]) {
+        let mut out = Vec::with_capacity(text.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+        return out;
+    }
     // Serialising a string cannot fail.
     serde_json::to_vec(text).unwrap_or_default()
 }
+
+/// The bytes a JSON string escapes: control characters, `"` and `\\`.
+static ESCAPED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = i < 0x20 || i == b'"' as usize || i == b'\\' as usize;
+        i += 1;
+    }
+    table
+};
 
 /// A JSON string (a member's key or a string value), borrowed from the body
 /// when it has no escapes, owned otherwise.
@@ -491,7 +517,7 @@ impl<'de> Deserialize<'de> for Members<'de> {
                 f.write_str("an object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(32));
                 while let Some(entry) = map.next_entry::<Text<'de>, &'de RawValue>()? {
                     members.push(entry);
                 }
@@ -508,6 +534,17 @@ mod tests {
 
     use super::*;
     use serde_json::json;
+
+    proptest::proptest! {
+        #[test]
+        fn strings_are_written_and_read_as_serde_json_does(text in "\\PC{0,12}|[\"\\\\\\x00-\\x1fa/é]{0,8}") {
+            let written = json_string(&text);
+            proptest::prop_assert_eq!(&written, &serde_json::to_vec(&text).unwrap_or_default());
+            let raw: &RawValue = serde_json::from_slice(&written).unwrap_or_else(|e| panic!("{e}"));
+            let read = string_value(raw);
+            proptest::prop_assert_eq!(read.as_deref(), Some(text.as_str()));
+        }
+    }
 
     #[test]
     fn object_response_fields() {

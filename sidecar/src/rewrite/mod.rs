@@ -66,9 +66,14 @@ impl<'a> Translator<'a> {
     /// Translates a name from a field that is informational (ids, links):
     /// unknown names are left as they are in both directions.
     pub fn bucket_lenient(&self, name: &str) -> Option<String> {
+        self.bucket_lenient_str(name).map(str::to_owned)
+    }
+
+    /// [`Translator::bucket_lenient`], borrowed from the mapping.
+    pub fn bucket_lenient_str(&self, name: &str) -> Option<&'a str> {
         match self.direction {
-            Direction::ToPhysical => self.mapping.physical(name).map(str::to_owned),
-            Direction::ToLogical => self.mapping.logical(name).map(str::to_owned),
+            Direction::ToPhysical => self.mapping.physical(name),
+            Direction::ToLogical => self.mapping.logical(name),
         }
     }
 
@@ -86,11 +91,20 @@ pub fn request_bucket(
     allow_physical: bool,
     name: &str,
 ) -> Result<String, ApiError> {
+    request_bucket_str(mapping, allow_physical, name).map(str::to_owned)
+}
+
+/// [`request_bucket`], borrowed from the mapping (or from `name`).
+pub fn request_bucket_str<'m>(
+    mapping: &'m Mapping,
+    allow_physical: bool,
+    name: &'m str,
+) -> Result<&'m str, ApiError> {
     if let Some(physical) = mapping.physical(name) {
-        return Ok(physical.to_owned());
+        return Ok(physical);
     }
     match mapping.logical(name) {
-        Some(_) if allow_physical => Ok(name.to_owned()),
+        Some(_) if allow_physical => Ok(name),
         Some(logical) => Err(ApiError::physical_name_refused(name, logical)),
         None => Err(ApiError::unknown_bucket(name)),
     }
