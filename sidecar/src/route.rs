@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use http::Method;
 use percent_encoding::percent_decode_str;
+use smallvec::SmallVec;
 
 use crate::discovery::{self, Class, Segment};
 use crate::errors::ErrorStyle;
@@ -269,7 +270,7 @@ pub fn route(
         };
     }
     check_strict_segments(segs)?;
-    let mut names = StackVec::<&str, INLINE_SEGMENTS>::new();
+    let mut names = SmallVec::<[&str; INLINE_SEGMENTS]>::new();
     segs.iter().for_each(|s| names.push(s.1));
     let unknown = || RouteError::UnknownOperation {
         method: method.to_string(),
@@ -364,8 +365,8 @@ fn check_percent_encoding(raw: &str) -> Result<(), RouteError> {
 }
 
 /// Path segments after the leading `/`, each with its byte offset in `path`.
-fn segments(path: &str) -> StackVec<(usize, &str), INLINE_SEGMENTS> {
-    let mut out = StackVec::new();
+fn segments(path: &str) -> SmallVec<[(usize, &str); INLINE_SEGMENTS]> {
+    let mut out = SmallVec::new();
     let mut start = 1;
     for slash in memchr::memchr_iter(b'/', &path.as_bytes()[1..]) {
         let end = slash + 1;
@@ -376,50 +377,10 @@ fn segments(path: &str) -> StackVec<(usize, &str), INLINE_SEGMENTS> {
     out
 }
 
-/// Segments of a path kept on the stack; longer paths spill to the heap.
+/// Segments of a path kept on the stack (they are listed on every routed
+/// request and link, and almost never number more than a handful); longer
+/// paths spill to the heap.
 const INLINE_SEGMENTS: usize = 16;
-
-/// A list kept in an inline array while it fits, in a `Vec` once it does
-/// not: the segments of a path are listed on every routed request and link,
-/// and almost never number more than a handful.
-struct StackVec<T, const N: usize> {
-    inline: [T; N],
-    len: usize,
-    spilled: Vec<T>,
-}
-
-impl<T: Copy + Default, const N: usize> StackVec<T, N> {
-    fn new() -> Self {
-        Self {
-            inline: [T::default(); N],
-            len: 0,
-            spilled: Vec::new(),
-        }
-    }
-
-    #[inline]
-    fn push(&mut self, value: T) {
-        if self.spilled.is_empty() && self.len < N {
-            self.inline[self.len] = value;
-            self.len += 1;
-            return;
-        }
-        if self.spilled.is_empty() {
-            self.spilled.reserve(2 * N);
-            self.spilled.extend_from_slice(&self.inline);
-        }
-        self.spilled.push(value);
-    }
-
-    #[inline]
-    fn as_slice(&self) -> &[T] {
-        if self.spilled.is_empty() {
-            &self.inline[..self.len]
-        } else {
-            &self.spilled
-        }
-    }
-}
 
 /// `.` or `..`, also percent-encoded (`%2E`, `.%2e`).
 fn is_dot_segment(raw: &str) -> bool {
@@ -1341,7 +1302,7 @@ mod tests {
                 .segments
                 .iter()
                 .map(|seg| match seg {
-                    Segment::Literal(lit) => lit.as_str(),
+                    Segment::Literal(lit) => *lit,
                     Segment::Bucket => "photos",
                     Segment::Param => "o",
                 })
@@ -1416,19 +1377,6 @@ mod tests {
         fn percent_check_agrees_with_the_byte_by_byte_one(raw in "[%a-fA-G0-9/]{0,12}") {
             proptest::prop_assert_eq!(check_percent_encoding(&raw), percent_check_by_bytes(&raw));
         }
-    }
-
-    #[test]
-    fn stack_vec_spills_in_order() {
-        let mut list = StackVec::<usize, 4>::new();
-        for i in 0..4 {
-            list.push(i);
-        }
-        assert_eq!(list.as_slice(), [0, 1, 2, 3]);
-        for i in 4..11 {
-            list.push(i);
-        }
-        assert_eq!(list.as_slice(), (0..11).collect::<Vec<_>>());
     }
 }
 
