@@ -194,6 +194,7 @@ fn build_proxy(
         upstream_timeout: (!config.upstream_timeout.is_zero()).then_some(config.upstream_timeout),
         listen: config.listen,
         advertise_url: config.advertise_url.clone(),
+        upstream_http: config.upstream_http,
     };
     Ok(Arc::new(Proxy::new(
         store.clone(),

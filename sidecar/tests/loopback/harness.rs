@@ -226,39 +226,48 @@ pub fn mapping(physical: &str) -> Mapping {
     .expect("valid mapping")
 }
 
+/// The proxy core of a test sidecar listening on `addr`.
+fn proxy(
+    upstream: &Upstream,
+    options: &Options,
+    addr: SocketAddr,
+    store: Arc<MappingStore>,
+    metrics: Arc<Metrics>,
+) -> Proxy {
+    let settings = ProxySettings {
+        allow_physical_names: options.allow_physical,
+        max_metadata_bytes: options.max_metadata_bytes,
+        upstream_timeout: options.upstream_timeout,
+        listen: options.configured_listen.unwrap_or(addr),
+        advertise_url: options.advertise_url.clone(),
+        upstream_http: options.upstream_http,
+    };
+    let client = build_client(
+        Duration::from_secs(5),
+        Duration::from_secs(30),
+        tls(options.upstream_ca_file.as_deref()),
+        options.upstream_http,
+    )
+    .expect("client");
+    Proxy::new(store, client, &upstream.url(), metrics, settings).expect("proxy")
+}
+
 impl Sidecar {
     pub async fn start(upstream: &Upstream, options: Options) -> Self {
         let listener = TcpListener::bind(options.bind).await.expect("bind proxy");
         let addr = listener.local_addr().expect("addr");
         let store = Arc::new(MappingStore::new(None, Vec::new()));
-        if let Some(m) = options.mapping {
+        if let Some(m) = options.mapping.clone() {
             store.set(m);
         }
-        let proxy_settings = ProxySettings {
-            allow_physical_names: options.allow_physical,
-            max_metadata_bytes: options.max_metadata_bytes,
-            upstream_timeout: options.upstream_timeout,
-            listen: options.configured_listen.unwrap_or(addr),
-            advertise_url: options.advertise_url.clone(),
-        };
-        let client = build_client(
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-            tls(options.upstream_ca_file.as_deref()),
-            options.upstream_http,
-        )
-        .expect("client");
         let metrics = Arc::new(Metrics::new());
-        let proxy = Arc::new(
-            Proxy::new(
-                store.clone(),
-                client,
-                &upstream.url(),
-                metrics.clone(),
-                proxy_settings,
-            )
-            .expect("proxy"),
-        );
+        let proxy = Arc::new(proxy(
+            upstream,
+            &options,
+            addr,
+            store.clone(),
+            metrics.clone(),
+        ));
         let (stop, stopped) = watch::channel(false);
         let grpc_settings = GrpcSettings {
             upstream: upstream.url(),
