@@ -297,40 +297,25 @@ fn write_part(head: &PartHead<'_>, body: &[u8], declared: Option<usize>) -> Vec<
 }
 
 /// Translates the upstream's batch response and merges in the parts answered
-/// locally. `None` if the response cannot be parsed (it is then forwarded as is).
+/// locally. A multipart response that cannot be split into its parts is an
+/// error (nothing of it reaches the client untranslated); a part whose nested
+/// response cannot be read is replaced by a GCS-style 502 for that part.
 pub fn translate_response(
     body: &[u8],
     content_type: &str,
     plan: &Plan,
     tr: &Translator<'_>,
-) -> Option<Vec<u8>> {
-    let boundary = boundary(content_type)?;
-    let parts = split(body, &boundary)?;
+) -> Result<Vec<u8>, ApiError> {
+    let boundary = boundary(content_type)
+        .ok_or_else(|| ApiError::bad_gateway("the batch response has no multipart boundary"))?;
+    let parts = split(body, &boundary).ok_or_else(|| {
+        ApiError::bad_gateway("the batch response cannot be split into its parts")
+    })?;
     let mut by_id: HashMap<String, Vec<u8>> = HashMap::new();
     let mut in_order: Vec<Vec<u8>> = Vec::new();
     let forwarded: Vec<&Entry> = plan.entries.iter().filter(|e| e.local.is_none()).collect();
     for (index, part) in parts.into_iter().enumerate() {
-        let (headers, payload) = part_headers(part);
-        let id = find_header(&headers, "Content-ID")
-            .map(|id| id.trim_matches(|c| c == '<' || c == '>'))
-            .map(|id| id.strip_prefix("response-").unwrap_or(id).to_owned());
-        let entry = id
-            .as_deref()
-            .and_then(|id| {
-                forwarded
-                    .iter()
-                    .find(|e| e.content_id.as_deref() == Some(id))
-            })
-            .or_else(|| forwarded.get(index));
-        let hint = entry.map_or(Resource::Generic, |e| e.hint);
-        let nested =
-            translate_nested_response(payload, hint, tr).unwrap_or_else(|| payload.to_vec());
-        let mut rendered = Vec::with_capacity(nested.len() + 128);
-        for (name, value) in &headers {
-            rendered.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
-        }
-        rendered.extend_from_slice(b"\r\n");
-        rendered.extend_from_slice(&nested);
+        let (id, rendered) = render_part(part, index, &forwarded, tr);
         match id {
             Some(id)
                 if forwarded
@@ -362,7 +347,42 @@ pub fn translate_response(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
-    Some(out)
+    Ok(out)
+}
+
+/// One part of the upstream's batch response, translated: its response id
+/// (`Content-ID` without `response-`) and its headers and nested response.
+fn render_part(
+    part: &[u8],
+    index: usize,
+    forwarded: &[&Entry],
+    tr: &Translator<'_>,
+) -> (Option<String>, Vec<u8>) {
+    let (headers, payload) = part_headers(part);
+    let id = find_header(&headers, "Content-ID")
+        .map(|id| id.trim_matches(|c| c == '<' || c == '>'))
+        .map(|id| id.strip_prefix("response-").unwrap_or(id).to_owned());
+    let entry = id
+        .as_deref()
+        .and_then(|id| {
+            forwarded
+                .iter()
+                .find(|e| e.content_id.as_deref() == Some(id))
+        })
+        .or_else(|| forwarded.get(index));
+    let hint = entry.map_or(Resource::Generic, |e| e.hint);
+    let nested = translate_nested_response(payload, hint, tr).unwrap_or_else(|| {
+        error_response(&ApiError::bad_gateway(
+            "a part of the batch response is not an HTTP response",
+        ))
+    });
+    let mut rendered = Vec::with_capacity(nested.len() + 128);
+    for (name, value) in &headers {
+        rendered.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+    }
+    rendered.extend_from_slice(b"\r\n");
+    rendered.extend_from_slice(&nested);
+    (id, rendered)
 }
 
 fn translate_nested_response(
@@ -419,18 +439,26 @@ fn translate_nested_response(
 
 /// A part (headers, blank line, nested response) holding a local error.
 fn local_part(content_id: Option<&str>, error: &ApiError) -> Vec<u8> {
-    let json = error.json_body();
     let mut out = String::from("Content-Type: application/http\r\n");
     if let Some(id) = content_id {
         out.push_str(&format!("Content-ID: <response-{id}>\r\n"));
     }
-    out.push_str(&format!(
-        "\r\nHTTP/1.1 {} {}\r\nContent-Type: application/json; charset=UTF-8\r\nContent-Length: {}\r\n\r\n{json}",
+    out.push_str("\r\n");
+    let mut out = out.into_bytes();
+    out.extend_from_slice(&error_response(error));
+    out
+}
+
+/// The nested HTTP response of a part answering `error`.
+fn error_response(error: &ApiError) -> Vec<u8> {
+    let json = error.json_body();
+    format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: application/json; charset=UTF-8\r\nContent-Length: {}\r\n\r\n{json}",
         error.status.as_u16(),
         error.status.canonical_reason().unwrap_or(""),
         json.len()
-    ));
-    out.into_bytes()
+    )
+    .into_bytes()
 }
 
 /// The answer to a batch whose every part was refused.
@@ -532,6 +560,52 @@ mod tests {
             "{out}"
         );
         assert!(out.ends_with("--resp--\r\n"), "{out}");
+    }
+
+    #[test]
+    fn a_batch_response_that_cannot_be_read_is_never_forwarded_as_it_is() {
+        let m = mapping();
+        let up = upstream_base();
+        let plan = prepare(
+            PYTHON_BATCH.as_bytes(),
+            "multipart/mixed; boundary=\"===1==\"",
+            &translator(&m, &up, Direction::ToPhysical),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let sc = sidecar_base();
+        let tr = translator(&m, &sc, Direction::ToLogical);
+        let leaky = "--resp\r\nContent-ID: <response-a+1>\r\n\r\n\
+            HTTP/1.1 200 OK\r\n\r\n{\"bucket\":\"photos-k3x9q2mw\"}\r\n--resp--\r\n";
+        // No boundary in the content type, or none in the body: the whole
+        // answer is a 502, not the upstream's bytes.
+        for (content_type, body) in [
+            ("multipart/mixed", leaky),
+            ("multipart/mixed; boundary=other", leaky),
+        ] {
+            let error = translate_response(body.as_bytes(), content_type, &plan, &tr)
+                .expect_err(content_type);
+            assert_eq!(error.status, StatusCode::BAD_GATEWAY, "{content_type}");
+        }
+        // A part that is not an HTTP response becomes a 502 for that part.
+        let garbled = "--resp\r\nContent-ID: <response-a+1>\r\n\r\n\
+            {\"bucket\":\"photos-k3x9q2mw\"}\r\n\
+            --resp\r\nContent-ID: <response-a+3>\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"kind\":\"storage#object\",\"bucket\":\"logs-aaaa1111\",\"name\":\"z\"}\r\n--resp--\r\n";
+        let out = translate_response(
+            garbled.as_bytes(),
+            "multipart/mixed; boundary=resp",
+            &plan,
+            &tr,
+        )
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!out.contains("k3x9q2mw"), "{out}");
+        assert!(out.contains("HTTP/1.1 502 Bad Gateway"), "{out}");
+        assert!(out.contains("not an HTTP response"), "{out}");
+        assert!(
+            out.contains("\"bucket\":\"logs\""),
+            "the readable part: {out}"
+        );
     }
 
     #[test]

@@ -599,11 +599,15 @@ impl Proxy {
                     .into_owned()
                     .into_bytes()
             }),
-            MetadataKind::Batch => batch_plan.and_then(|plan| {
-                let content_type =
-                    header_str(&parts.headers, header::CONTENT_TYPE).unwrap_or_default();
-                batch::translate_response(&bytes, content_type, plan, tr)
-            }),
+            MetadataKind::Batch => match batch_plan {
+                Some(plan) => {
+                    let content_type =
+                        header_str(&parts.headers, header::CONTENT_TYPE).unwrap_or_default();
+                    Some(batch::translate_response(&bytes, content_type, plan, tr)?)
+                }
+                // Batch responses answer batch requests, which always have a plan.
+                None => None,
+            },
         };
         let body = replaced_body(&mut parts.headers, bytes, new);
         Ok(Response::from_parts(parts, body))
