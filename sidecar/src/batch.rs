@@ -498,16 +498,21 @@ mod tests {
         GET /storage/v1/b/logs/o/z HTTP/1.1\n\n\n\
         --===1==--";
 
+    /// The plan of [`PYTHON_BATCH`] under mapping `m`.
+    fn python_plan(m: &crate::mapping::Mapping) -> Plan {
+        let up = upstream_base();
+        prepare(
+            PYTHON_BATCH.as_bytes(),
+            "multipart/mixed; boundary=\"===1==\"",
+            &translator(m, &up, Direction::ToPhysical),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     #[test]
     fn translates_parts_and_answers_refused_ones_locally() {
         let m = mapping();
-        let up = upstream_base();
-        let plan = prepare(
-            PYTHON_BATCH.as_bytes(),
-            "multipart/mixed; boundary=\"===1==\"",
-            &translator(&m, &up, Direction::ToPhysical),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let plan = python_plan(&m);
         let upstream =
             String::from_utf8(plan.upstream_body.clone().unwrap_or_default()).unwrap_or_default();
         assert!(
@@ -565,13 +570,7 @@ mod tests {
     #[test]
     fn a_batch_response_that_cannot_be_read_is_never_forwarded_as_it_is() {
         let m = mapping();
-        let up = upstream_base();
-        let plan = prepare(
-            PYTHON_BATCH.as_bytes(),
-            "multipart/mixed; boundary=\"===1==\"",
-            &translator(&m, &up, Direction::ToPhysical),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let plan = python_plan(&m);
         let sc = sidecar_base();
         let tr = translator(&m, &sc, Direction::ToLogical);
         let leaky = "--resp\r\nContent-ID: <response-a+1>\r\n\r\n\

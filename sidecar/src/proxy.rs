@@ -903,37 +903,33 @@ mod tests {
                 .map(|v| v.to_str().expect("ascii").to_owned())
         };
         let h1 = UpstreamHttp::Http1;
-        assert_eq!(
-            host("http://127.0.0.1:4443", h1).as_deref(),
-            Some("127.0.0.1:4443")
-        );
-        assert_eq!(
-            host("http://gcs.local:80", h1).as_deref(),
-            Some("gcs.local")
-        );
-        assert_eq!(
-            host("https://storage.googleapis.com", h1).as_deref(),
-            Some("storage.googleapis.com")
-        );
-        assert_eq!(
-            host("https://storage.googleapis.com:443", h1).as_deref(),
-            Some("storage.googleapis.com")
-        );
-        assert_eq!(
-            host("https://gcs.local:80", h1).as_deref(),
-            Some("gcs.local:80")
-        );
-        assert_eq!(host("http://[::1]:9000", h1).as_deref(), Some("[::1]:9000"));
-        assert_eq!(
-            host("http://gcs.local:8080", UpstreamHttp::Auto).as_deref(),
-            Some("gcs.local:8080")
-        );
-        // HTTP/2 (or possibly HTTP/2, by ALPN) carries `:authority` instead.
-        assert_eq!(
-            host("https://storage.googleapis.com", UpstreamHttp::Auto),
-            None
-        );
-        assert_eq!(host("http://127.0.0.1:4443", UpstreamHttp::Http2), None);
+        let cases = [
+            ("http://127.0.0.1:4443", h1, Some("127.0.0.1:4443")),
+            ("http://gcs.local:80", h1, Some("gcs.local")),
+            (
+                "https://storage.googleapis.com",
+                h1,
+                Some("storage.googleapis.com"),
+            ),
+            (
+                "https://storage.googleapis.com:443",
+                h1,
+                Some("storage.googleapis.com"),
+            ),
+            ("https://gcs.local:80", h1, Some("gcs.local:80")),
+            ("http://[::1]:9000", h1, Some("[::1]:9000")),
+            (
+                "http://gcs.local:8080",
+                UpstreamHttp::Auto,
+                Some("gcs.local:8080"),
+            ),
+            // HTTP/2 (or possibly HTTP/2, by ALPN) carries `:authority` instead.
+            ("https://storage.googleapis.com", UpstreamHttp::Auto, None),
+            ("http://127.0.0.1:4443", UpstreamHttp::Http2, None),
+        ];
+        for (url, http, want) in cases {
+            assert_eq!(host(url, http).as_deref(), want, "{url} over {http:?}");
+        }
     }
 
     #[test]

@@ -292,14 +292,7 @@ async fn relay_connection(
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
     let Some(tls) = tls else {
-        let _ = tokio::io::copy_bidirectional_with_sizes(
-            &mut inbound,
-            &mut outbound,
-            RELAY_BUFFER,
-            RELAY_BUFFER,
-        )
-        .await;
-        return;
+        return copy_both_ways(&mut inbound, &mut outbound).await;
     };
     let Ok(name) = rustls::pki_types::ServerName::try_from(TLS_NAME) else {
         return;
@@ -308,13 +301,16 @@ async fn relay_connection(
     let Ok(mut outbound) = connector.connect(name, outbound).await else {
         return;
     };
-    let _ = tokio::io::copy_bidirectional_with_sizes(
-        &mut inbound,
-        &mut outbound,
-        RELAY_BUFFER,
-        RELAY_BUFFER,
-    )
-    .await;
+    copy_both_ways(&mut inbound, &mut outbound).await;
+}
+
+/// Copies bytes both ways until either side ends, with the relay's buffers.
+async fn copy_both_ways<A, B>(a: &mut A, b: &mut B)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ = tokio::io::copy_bidirectional_with_sizes(a, b, RELAY_BUFFER, RELAY_BUFFER).await;
 }
 
 /// Starts the relay to `upstream` (a TLS relay when `ca_file` is given) on
