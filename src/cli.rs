@@ -72,6 +72,12 @@ pub struct OperatorArgs {
     /// write, so that a burst of new resources makes one write.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     map_debounce: Duration,
+    /// Bucket map writes in flight at once, over all namespaces (0: one per
+    /// namespace, no other limit). While namespaces wait their turn, their
+    /// maps gather more entries, so a burst over many namespaces costs
+    /// fewer writes.
+    #[arg(long, default_value_t = crate::bucket_map::DEFAULT_WRITERS)]
+    map_writers: usize,
     /// Workload Identity Federation pool of the cluster (e.g.
     /// PROJECT_ID.svc.id.goog): a ServiceAccount without the annotation
     /// iam.gke.io/gcp-service-account is granted as its principal.
@@ -150,6 +156,7 @@ fn operator_config(args: &OperatorArgs) -> OperatorConfig {
         map_name: args.map_name.clone(),
         map_max_bytes: args.map_max_bytes,
         map_debounce: args.map_debounce,
+        map_writers: args.map_writers,
         workload_identity: args
             .workload_identity_pool
             .clone()
@@ -293,8 +300,9 @@ async fn start_webhook(
         admin_port: args.sidecar_admin_port,
         map_name: args.map_name.clone(),
     };
+    let watched = args.namespace.clone();
     tokio::spawn(async move {
-        if let Err(e) = webhook::serve(addr, certs, cfg, shutdown_signal()).await {
+        if let Err(e) = webhook::serve(addr, certs, cfg, watched, shutdown_signal()).await {
             tracing::error!(error = %format!("{e:#}"), "webhook server stopped");
         }
     });

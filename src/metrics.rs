@@ -47,6 +47,7 @@ pub struct Metrics {
     gcs_calls: Family<GcsCallLabels, Counter>,
     gcs_duration: Family<MethodLabels, Histogram>,
     map_writes: Family<ResultLabels, Counter>,
+    events_dropped: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -90,9 +91,16 @@ impl Default for Metrics {
             "Writes of namespaces' bucket map ConfigMaps by result (written, conflict, error)",
             map_writes.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events not written because the event queue was full",
+            events_dropped.clone(),
+        );
         Metrics {
             registry,
             map_writes,
+            events_dropped,
             reconciles,
             failures,
             reconcile_duration,
@@ -133,6 +141,11 @@ impl Metrics {
         self.map_writes
             .get_or_create(&ResultLabels { result })
             .get()
+    }
+
+    /// Counts one Kubernetes Event dropped; returns how many were so far.
+    pub fn event_dropped(&self) -> u64 {
+        self.events_dropped.inc().saturating_add(1)
     }
 
     /// Records one GCS call.

@@ -231,3 +231,63 @@ async fn an_entry_the_writer_does_not_know_is_removed_with_its_resource() -> Tes
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn with_one_map_writer_for_all_namespaces_every_namespace_gets_its_entries() -> TestResult {
+    use bucketmap::crd::Gcs;
+    use kube::api::PostParams;
+    let mut f = Fixture::new().await?;
+    f.config.namespace = None;
+    f.config.map_writers = 1;
+    f.start_operator().await?;
+    let mut namespaces = Vec::new();
+    for _ in 0..6 {
+        namespaces.push(bucketmap_testkit::testenv::create_namespace(&f.client, "writers").await?);
+    }
+    let per_namespace = 5;
+    let creates = namespaces.iter().flat_map(|ns| {
+        let api: Api<Gcs> = Api::namespaced(f.client.clone(), ns);
+        (0..per_namespace).map(move |i| {
+            let api = api.clone();
+            async move {
+                let obj: Gcs = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "storage.bucketmap.dev/v1alpha1",
+                    "kind": "Gcs",
+                    "metadata": {"name": format!("g{i}")},
+                    "spec": {"bucketName": format!("logical-{i}")},
+                }))?;
+                api.create(&PostParams::default(), &obj).await?;
+                anyhow::Ok(())
+            }
+        })
+    });
+    futures::future::try_join_all(creates).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for ns in &namespaces {
+        let api: Api<Gcs> = Api::namespaced(f.client.clone(), ns);
+        let expected = loop {
+            let all = api.list(&Default::default()).await?.items;
+            if all.len() == per_namespace && all.iter().all(Gcs::is_ready) {
+                break all
+                    .iter()
+                    .map(|g| (g.spec.bucket_name.clone(), physical(g)))
+                    .collect::<BTreeMap<_, _>>();
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{ns}: not all Ready"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let maps: Api<ConfigMap> = Api::namespaced(f.client.clone(), ns);
+        let data = maps.get("bucketmap").await?.data.unwrap_or_default();
+        assert_eq!(data, expected, "{ns}: Ready means the map has the entry");
+    }
+    let writes = f.metrics.map_writes("written");
+    assert!(
+        writes <= (namespaces.len() * per_namespace / 2) as u64,
+        "{writes} map writes for {} resources",
+        namespaces.len() * per_namespace
+    );
+    Ok(())
+}

@@ -99,12 +99,9 @@ async fn create_labelled(pods: &Api<Pod>, pod: Pod) -> anyhow::Result<Pod> {
     }
 }
 
-/// The operator serving the webhook with a certificate from files (as a
-/// cert-manager Secret mount provides it), configured for the fixture's
-/// namespace. Keep both returned values alive while the webhook is needed.
-async fn webhook_from_files(
-    f: &Fixture,
-) -> anyhow::Result<(tokio::process::Child, tempfile::TempDir)> {
+/// A CA and a serving certificate for 127.0.0.1 in `tls.crt` and `tls.key`
+/// (as a cert-manager Secret mount provides them): (the CA's PEM, the directory).
+fn cert_files() -> anyhow::Result<(String, tempfile::TempDir)> {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     let mut ca_params = CertificateParams::default();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -114,11 +111,17 @@ async fn webhook_from_files(
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("tls.crt"), cert.pem())?;
     std::fs::write(dir.path().join("tls.key"), key.serialize_pem())?;
+    Ok((ca.pem(), dir))
+}
 
-    let port = free_port()?;
-    prepare(f, port, Some(&ca.pem())).await?;
-    let operator = f
-        .operator_command()
+/// The operator (controller and webhooks) for the fixture's namespace,
+/// serving the webhooks on `port` with the certificate in `dir`.
+fn operator_with_webhooks(
+    f: &Fixture,
+    port: u16,
+    dir: &std::path::Path,
+) -> anyhow::Result<tokio::process::Child> {
+    Ok(f.operator_command()
         .args([
             "--namespace",
             &f.ns,
@@ -126,9 +129,22 @@ async fn webhook_from_files(
             &format!("127.0.0.1:{port}"),
         ])
         .arg("--webhook-cert-dir")
-        .arg(dir.path())
+        .arg(dir)
+        .args(["--default-project", common::PROJECT])
         .args(["--metrics-addr", "127.0.0.1:0"])
-        .spawn()?;
+        .spawn()?)
+}
+
+/// The operator serving the webhook with a certificate from files (as a
+/// cert-manager Secret mount provides it), configured for the fixture's
+/// namespace. Keep both returned values alive while the webhook is needed.
+async fn webhook_from_files(
+    f: &Fixture,
+) -> anyhow::Result<(tokio::process::Child, tempfile::TempDir)> {
+    let (ca, dir) = cert_files()?;
+    let port = free_port()?;
+    prepare(f, port, Some(&ca)).await?;
+    let operator = operator_with_webhooks(f, port, dir.path())?;
     Ok((operator, dir))
 }
 
@@ -412,5 +428,80 @@ fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
         documented.metadata.and_then(|m| m.annotations),
         "the annotations of examples/app-with-sidecar.yaml drifted from the webhook's"
     );
+    Ok(())
+}
+
+/// The shipped Gcs finalizer webhook (`finalizer.gcs.bucketmap.dev` of
+/// deploy/webhook.yaml, its failure policy included), calling
+/// `https://127.0.0.1:port/mutate-gcs` for the fixture's namespace only.
+async fn prepare_finalizer_webhook(f: &Fixture, port: u16, ca: &str) -> TestResult {
+    let url = format!("https://127.0.0.1:{port}/mutate-gcs");
+    let mut hook = bucketmap_testkit::shipped_finalizer_webhook(&url, Some(ca))?;
+    assert_eq!(hook["failurePolicy"], "Ignore", "{hook}");
+    hook["namespaceSelector"] =
+        serde_json::json!({"matchLabels": {"kubernetes.io/metadata.name": f.ns}});
+    let config: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("bucketmap-gcs-{}", f.ns)},
+        "webhooks": [hook],
+    }))?;
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(f.client.clone());
+    webhooks.create(&PostParams::default(), &config).await?;
+    Ok(())
+}
+
+/// Waits until something accepts connections on `port` (or, with `up`
+/// false, until nothing does).
+async fn wait_listening(port: u16, up: bool) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_ok()
+        != up
+    {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "port {port} never became {}",
+            if up { "open" } else { "closed" }
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+fn finalizers(g: &bucketmap::crd::Gcs) -> Vec<String> {
+    g.metadata.finalizers.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_new_gcs_gets_the_finalizer_at_admission_and_is_admitted_while_the_webhook_is_down()
+-> TestResult {
+    let mut f = Fixture::new().await?;
+    let (ca, dir) = cert_files()?;
+    let port = free_port()?;
+    prepare_finalizer_webhook(&f, port, &ca).await?;
+    let mut operator = operator_with_webhooks(&f, port, dir.path())?;
+    wait_listening(port, true).await?;
+
+    // The API server's answer to the create already carries the finalizer:
+    // the webhook set it, before any controller saw the resource.
+    let created = f
+        .create("first", serde_json::json!({"bucketName": "first"}))
+        .await?;
+    assert_eq!(finalizers(&created), [bucketmap::crd::FINALIZER]);
+    assert_eq!(created.spec.bucket_name, "first", "nothing else changed");
+    f.wait_ready("first").await?;
+
+    // The webhook is down: a new Gcs is still admitted (failurePolicy
+    // Ignore), without the finalizer, and the controller adds it.
+    operator.kill().await?;
+    let _ = operator.wait().await;
+    wait_listening(port, false).await?;
+    let created = f
+        .create("second", serde_json::json!({"bucketName": "second"}))
+        .await?;
+    assert!(finalizers(&created).is_empty(), "{created:?}");
+    f.start_operator().await?;
+    let ready = f.wait_ready("second").await?;
+    assert_eq!(finalizers(&ready), [bucketmap::crd::FINALIZER]);
     Ok(())
 }

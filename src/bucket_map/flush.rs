@@ -47,6 +47,12 @@ impl BucketMaps {
         loop {
             let entries = lock(&map.state).applied.len();
             tokio::time::sleep(pause(self.settings.debounce, entries)).await;
+            // Planned after the permit: claims that come while this
+            // namespace waits for its turn join this write.
+            let _permit = match &self.writers {
+                Some(writers) => writers.acquire().await.ok(),
+                None => None,
+            };
             let version = lock(&map.state).version;
             let error = match self.flush(&map).await {
                 Ok(()) => None,

@@ -59,6 +59,9 @@ pub const DEFAULT_MAX_MAP_BYTES: usize = 1_000_000;
 /// Default pause between the first claim of a burst and the write.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// Default number of map writes in flight at once, over all namespaces.
+pub const DEFAULT_WRITERS: usize = 2;
+
 /// Settings of the map writers.
 #[derive(Clone, Debug)]
 pub struct MapSettings {
@@ -68,6 +71,9 @@ pub struct MapSettings {
     pub max_bytes: usize,
     /// Pause between a namespace's first change and its write (`--map-debounce`).
     pub debounce: Duration,
+    /// Map writes in flight at once, over all namespaces (`--map-writers`;
+    /// 0: no limit beyond one per namespace).
+    pub writers: usize,
 }
 
 /// The writers of every namespace's map.
@@ -82,6 +88,9 @@ pub struct BucketMaps {
     namespaces: Mutex<HashMap<String, Arc<NamespaceMap>>>,
     /// The map cache has synced: a namespace can be seeded from it.
     synced: AtomicBool,
+    /// Permits to write a map, `settings.writers` of them (fair: first come,
+    /// first served); `None` without a limit.
+    writers: Option<tokio::sync::Semaphore>,
 }
 
 /// One namespace's writer.
@@ -137,7 +146,9 @@ impl BucketMaps {
         configmaps: Store<ConfigMap>,
         wake: mpsc::UnboundedSender<ObjectRef<Gcs>>,
     ) -> Arc<Self> {
+        let writers = (settings.writers > 0).then(|| tokio::sync::Semaphore::new(settings.writers));
         Arc::new(BucketMaps {
+            writers,
             client,
             metrics,
             settings,

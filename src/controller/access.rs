@@ -133,13 +133,13 @@ pub(super) async fn grant_access(
             return Err(e);
         }
     };
-    announce(obj, ctx, physical, &edit, &previous).await;
+    announce(obj, ctx, physical, &edit, &previous);
     status.status.access = resolution.granted.clone();
     if obj.spec.access.is_empty() {
         // Everything recorded was revoked: nothing is declared any more.
         status.condition(ACCESS, None);
     } else {
-        report(obj, ctx, status, physical, &resolution).await;
+        report(obj, ctx, status, physical, &resolution);
     }
     Ok(())
 }
@@ -207,7 +207,7 @@ async fn write_grants(
 
 /// Events for what an edit changed: grants made (restored when they had
 /// been made before and were removed out of band) and revoked.
-async fn announce(
+fn announce(
     obj: &Gcs,
     ctx: &Context,
     physical: &str,
@@ -225,7 +225,7 @@ async fn announce(
             (EventType::Normal, reason::ACCESS_GRANTED, note)
         };
         info!(bucket = %physical, grant = %g, why, "IAM grant");
-        ctx.event(obj, kind, why, "SetIamPolicy", note).await;
+        ctx.event(obj, kind, why, "SetIamPolicy", note);
     }
     for g in &edit.removed {
         info!(bucket = %physical, grant = %g, "IAM grant revoked");
@@ -236,13 +236,12 @@ async fn announce(
             "AccessRevoked",
             "SetIamPolicy",
             note,
-        )
-        .await;
+        );
     }
 }
 
 /// The `Access` condition, and a warning when a refusal is new.
-async fn report(
+fn report(
     obj: &Gcs,
     ctx: &Context,
     status: &mut StatusWriter<'_>,
@@ -269,8 +268,7 @@ async fn report(
         .is_some_and(|c| c.reason == why && c.message == message);
     if !ok && !unchanged {
         let kind = EventType::Warning;
-        ctx.event(obj, kind, why, "SetIamPolicy", message.clone())
-            .await;
+        ctx.event(obj, kind, why, "SetIamPolicy", message.clone());
     }
     status.condition(ACCESS, Some((ok, why, message)));
 }
@@ -287,7 +285,7 @@ pub(super) async fn revoke_all(
         return Ok(());
     }
     let edit = write_grants(ctx, physical, &BTreeSet::new(), &previous).await?;
-    announce(obj, ctx, physical, &edit, &previous).await;
+    announce(obj, ctx, physical, &edit, &previous);
     status.status.access.clear();
     status.flush().await
 }

@@ -240,13 +240,13 @@ async fn ensure_bucket(
                 let name = request.candidate(next);
                 let note =
                     format!("Bucket name {physical} belongs to somebody else; trying {name}");
-                name_conflict_event(ctx, request.obj, note).await;
+                name_conflict_event(ctx, request.obj, note);
                 status.status.bucket_full_name = Some(name);
                 attempt = next;
             }
             Err(message) => {
                 status.ready(false, reason::NAME_CONFLICT, message.clone());
-                name_conflict_event(ctx, request.obj, message).await;
+                name_conflict_event(ctx, request.obj, message);
                 return Ok(None);
             }
         }
@@ -266,10 +266,9 @@ fn next_attempt(taken: &str, attempt: u32, max_attempts: u32) -> std::result::Re
     Ok(next)
 }
 
-async fn name_conflict_event(ctx: &Context, obj: &Gcs, note: String) {
+fn name_conflict_event(ctx: &Context, obj: &Gcs, note: String) {
     let (reason, action) = (reason::NAME_CONFLICT, "CreateBucket");
-    ctx.event(obj, EventType::Warning, reason, action, note)
-        .await;
+    ctx.event(obj, EventType::Warning, reason, action, note);
 }
 
 /// A bucket created before must still be there and still be ours.
@@ -303,8 +302,7 @@ async fn recorded_bucket(
                 "BucketRecreated",
                 "CreateBucket",
                 format!("Bucket {physical} was deleted outside of bucketmap; recreating it with the same name"),
-            )
-            .await;
+            );
             Ok(ControlFlow::Continue(()))
         }
     }
@@ -362,8 +360,7 @@ async fn create_or_adopt(
                 "Created",
                 "CreateBucket",
                 note,
-            )
-            .await;
+            );
             Ok(Some(b))
         }
         Err(e) if e.kind == GcsErrorKind::AlreadyExists => {
@@ -405,8 +402,7 @@ async fn correct_drift(ctx: &Context, request: &BucketRequest<'_>, bucket: &Buck
         "Updated",
         "UpdateBucket",
         format!("Bucket {physical}: set {} as declared", mask.join(", ")),
-    )
-    .await;
+    );
     Ok(())
 }
 

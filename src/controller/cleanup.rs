@@ -40,8 +40,7 @@ pub(super) async fn cleanup(
         let note = format!(
             "deletionPolicy is Orphan: bucket {physical} is kept, without the grants of spec.access"
         );
-        ctx.event(&obj, EventType::Normal, "Orphaned", "DeleteBucket", note)
-            .await;
+        ctx.event(&obj, EventType::Normal, "Orphaned", "DeleteBucket", note);
         return Ok(Action::await_change());
     }
     if !is_ours(&obj, ctx, &physical).await? {
@@ -72,8 +71,7 @@ async fn is_ours(obj: &Gcs, ctx: &Context, physical: &str) -> Result<bool> {
         reason::NOT_OWNED,
         "DeleteBucket",
         note,
-    )
-    .await;
+    );
     Ok(false)
 }
 
@@ -96,8 +94,7 @@ async fn empty_bucket(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
             "ObjectsDeleted",
             "DeleteBucket",
             format!("forceDestroy: deleted {deleted} object versions from bucket {physical}"),
-        )
-        .await;
+        );
     }
     Ok(())
 }
@@ -121,7 +118,6 @@ async fn delete_bucket(obj: &Gcs, ctx: &Context, physical: &str, project: &str) 
     }
     info!(bucket = %physical, "deleted bucket");
     let note = format!("Deleted bucket {physical}");
-    ctx.event(obj, EventType::Normal, "Deleted", "DeleteBucket", note)
-        .await;
+    ctx.event(obj, EventType::Normal, "Deleted", "DeleteBucket", note);
     Ok(())
 }

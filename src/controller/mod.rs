@@ -2,12 +2,15 @@
 //!
 //! [`run`] builds the watches and drives the controller (module `watches`).
 //! [`reconcile`] wraps [`kube::runtime::finalizer()`]: the finalizer is added
-//! before any GCS call; `apply` creates and keeps the bucket as declared, in
+//! before any GCS call (usually it is there already: the finalizer webhook,
+//! [`crate::webhook::finalizer`], sets it as the resource is created, which
+//! saves a write and a second reconcile per resource); `apply` creates and keeps the bucket as declared, in
 //! short named phases (module `apply`), and grants `spec.access` on it
 //! (module `access`); `cleanup` revokes the grants and deletes the bucket
 //! safely (module `cleanup`). Status is computed, compared with what the object already
 //! shows, and written (server-side apply on the status subresource) only
 //! when it changed (module `status`). [`error_policy`] backs off per object.
+//! Events are queued, never awaited ([`crate::events`]).
 
 mod access;
 mod apply;
@@ -24,7 +27,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
@@ -66,6 +69,8 @@ pub struct OperatorConfig {
     pub map_max_bytes: usize,
     /// Pause between the first claim of a burst and the map write.
     pub map_debounce: Duration,
+    /// Bucket map writes in flight at once over all namespaces (0: no limit).
+    pub map_writers: usize,
     /// The cluster's Workload Identity Federation pool: ServiceAccounts
     /// without the `iam.gke.io/gcp-service-account` annotation are granted
     /// as its principals. Without it they need the annotation.
@@ -84,6 +89,7 @@ impl Default for OperatorConfig {
             map_name: "bucketmap".to_owned(),
             map_max_bytes: bucket_map::DEFAULT_MAX_MAP_BYTES,
             map_debounce: bucket_map::DEFAULT_DEBOUNCE,
+            map_writers: bucket_map::DEFAULT_WRITERS,
             workload_identity: None,
         }
     }
@@ -193,17 +199,11 @@ impl FailureCounts {
 }
 
 impl Context {
-    async fn event(&self, obj: &Gcs, type_: EventType, reason: &str, action: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.events.publish(&event, &obj.object_ref(&())).await {
-            warn!(error = %e, reason, "cannot publish event");
-        }
+    /// Queues an event about `obj` (written in the background; see
+    /// [`crate::events`]).
+    fn event(&self, obj: &Gcs, type_: EventType, reason: &str, action: &str, note: String) {
+        self.events
+            .publish(type_, reason, action, &note, &obj.object_ref(&()));
     }
 }
 

@@ -210,8 +210,7 @@ pub(super) async fn report_failure(
         report.event_reason,
         "Reconcile",
         report.message,
-    )
-    .await;
+    );
 }
 
 #[cfg(test)]

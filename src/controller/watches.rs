@@ -47,6 +47,7 @@ pub async fn run(
         map_name: config.map_name.clone(),
         max_bytes: config.map_max_bytes,
         debounce: config.map_debounce,
+        writers: config.map_writers,
     };
     let maps = BucketMaps::new(
         client.clone(),
@@ -58,7 +59,7 @@ pub async fn run(
     );
     let concurrency = config.concurrency;
     let ctx = Arc::new(Context {
-        events: crate::events::Events::new(client.clone(), reporter()),
+        events: crate::events::Events::new(client.clone(), reporter(), metrics.clone()),
         pacer: Pacer::new(config.bucket_ops_interval),
         namespaces: namespaces.clone(),
         service_accounts: service_accounts.clone(),

@@ -1,12 +1,15 @@
-//! The mutating admission webhook that injects `bucketmap-sidecar` into
-//! pods labelled `bucketmap.dev/inject: "true"`.
+//! The operator's mutating admission webhooks, served over HTTPS by every
+//! operator replica (leader or not):
 //!
-//! Served over HTTPS by every operator replica (leader or not) at
-//! `POST /mutate-pods`. It never refuses a pod: a pod it cannot read is
-//! admitted unchanged (and logged). Pods it does not target never reach it:
-//! the MutatingWebhookConfiguration selects them by label (see
-//! `deploy/webhook.yaml` for the failure policy and why).
+//! - `POST /mutate-pods` injects `bucketmap-sidecar` into pods labelled
+//!   `bucketmap.dev/inject: "true"`. A pod it cannot read is admitted
+//!   unchanged (and logged). Pods it does not target never reach it: the
+//!   MutatingWebhookConfiguration selects them by label (see
+//!   `deploy/webhook.yaml` for the failure policy and why).
+//! - `POST /mutate-gcs` sets the operator's finalizer on a new `Gcs`
+//!   ([`finalizer`]); the controller does not depend on it.
 
+pub mod finalizer;
 pub mod inject;
 pub mod tls;
 
@@ -77,6 +80,13 @@ pub fn review(
     }
 }
 
+async fn mutate_gcs(
+    State(watched): State<Arc<Option<String>>>,
+    Json(body): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    Json(finalizer::review(body, watched.as_deref()))
+}
+
 async fn mutate_pods(
     State(cfg): State<Arc<InjectionConfig>>,
     Json(body): Json<AdmissionReview<DynamicObject>>,
@@ -84,11 +94,13 @@ async fn mutate_pods(
     Json(review(body, &cfg))
 }
 
-/// Serves the webhook over TLS on `addr` until `shutdown`.
+/// Serves the webhooks over TLS on `addr` until `shutdown`. The finalizer
+/// is set only in `watched_namespace` when the operator watches only one.
 pub async fn serve(
     addr: SocketAddr,
     certs: Arc<CertResolver>,
     cfg: InjectionConfig,
+    watched_namespace: Option<String>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut tls = rustls::ServerConfig::builder()
@@ -98,11 +110,15 @@ pub async fn serve(
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let app = axum::Router::new()
         .route("/mutate-pods", post(mutate_pods))
+        .route(
+            "/mutate-gcs",
+            post(mutate_gcs).with_state(Arc::new(watched_namespace)),
+        )
         .with_state(Arc::new(cfg));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for the webhook"))?;
-    info!(%addr, "serving the pod injection webhook");
+    info!(%addr, "serving the admission webhooks");
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {

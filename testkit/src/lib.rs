@@ -6,7 +6,8 @@
 //! - [`mock_gcs`]: an in-memory `google.storage.v2` gRPC server with fault
 //!   injection;
 //! - [`http`]: a small loopback HTTP client (hyper) for probes and metrics;
-//! - [`free_port`], [`repo_path`]: fixtures shared by the test suites.
+//! - [`free_port`], [`repo_path`], [`shipped_finalizer_webhook`]: fixtures
+//!   shared by the test suites and the benchmark.
 
 pub mod http;
 pub mod mock_gcs;
@@ -20,6 +21,37 @@ use std::path::PathBuf;
 pub fn repo_path(relative: &str) -> PathBuf {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     root.parent().unwrap_or(root).join(relative)
+}
+
+/// The Gcs finalizer webhook as `deploy/webhook.yaml` ships it (its failure
+/// policy, rules and timeout), calling `url` (for example
+/// `https://127.0.0.1:PORT/mutate-gcs`) instead of the Service, trusting
+/// `ca_pem` when given (else the operator writes its own CA there).
+pub fn shipped_finalizer_webhook(
+    url: &str,
+    ca_pem: Option<&str>,
+) -> anyhow::Result<serde_json::Value> {
+    use anyhow::Context as _;
+    use base64::Engine as _;
+    use serde::Deserialize as _;
+    let path = repo_path("deploy/webhook.yaml");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut shipped = None;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let doc = serde_json::to_value(serde_yaml::Value::deserialize(doc)?)?;
+        let hooks = doc["webhooks"].as_array().cloned().unwrap_or_default();
+        shipped = shipped.or(hooks
+            .into_iter()
+            .find(|w| w["name"] == "finalizer.gcs.bucketmap.dev"));
+    }
+    let mut hook = shipped.context("deploy/webhook.yaml has no finalizer.gcs.bucketmap.dev")?;
+    hook["clientConfig"] = serde_json::json!({ "url": url });
+    if let Some(ca) = ca_pem {
+        hook["clientConfig"]["caBundle"] =
+            base64::engine::general_purpose::STANDARD.encode(ca).into();
+    }
+    Ok(hook)
 }
 
 /// A loopback port that was free a moment ago.

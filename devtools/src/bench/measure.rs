@@ -15,6 +15,71 @@ use super::BenchArgs;
 /// so that the bench measures it as it runs when installed.
 pub const IMAGE_ENV: [(&str, &str); 1] = [("MALLOC_ARENA_MAX", "1")];
 
+/// The operator's namespace (its webhook certificate Secret lives there).
+const OPERATOR_NAMESPACE: &str = "bucketmap-system";
+/// The MutatingWebhookConfiguration the bench installs, as deploy/ names it.
+const WEBHOOK_CONFIG: &str = "bucketmap";
+
+/// Installs the Gcs finalizer webhook as `deploy/webhook.yaml` ships it,
+/// calling the operator on loopback `port`; the operator writes its CA into
+/// it when it starts.
+pub async fn install_finalizer_webhook(client: &kube::Client, port: u16) -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, PostParams};
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": OPERATOR_NAMESPACE},
+    }))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .context("cannot create the operator's namespace")?;
+    let url = format!("https://127.0.0.1:{port}/mutate-gcs");
+    let hook = bucketmap_testkit::shipped_finalizer_webhook(&url, None)?;
+    let config: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": WEBHOOK_CONFIG},
+        "webhooks": [hook],
+    }))?;
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .context("cannot install the finalizer webhook")?;
+    Ok(())
+}
+
+/// Waits until the API server gets the finalizer from the operator's
+/// webhook (a dry-run create), so that the run measures the operator with it.
+pub async fn wait_finalizer_webhook(client: &kube::Client) -> anyhow::Result<()> {
+    use bucketmap::crd::{FINALIZER, Gcs};
+    use kube::api::{Api, PostParams};
+    let api: Api<Gcs> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let probe: Gcs = serde_json::from_value(serde_json::json!({
+        "apiVersion": "storage.bucketmap.dev/v1alpha1",
+        "kind": "Gcs",
+        "metadata": {"name": "webhook-probe"},
+        "spec": {"bucketName": "webhook-probe"},
+    }))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "the finalizer webhook",
+        async || {
+            let created = api.create(&dry_run, &probe).await;
+            Ok(created.is_ok_and(|g| {
+                g.metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == FINALIZER)
+            }))
+        },
+    )
+    .await
+}
+
 /// `bucketmap operator` as a child process, watching every namespace.
 pub struct Operator {
     child: tokio::process::Child,
@@ -22,10 +87,12 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts the operator and waits until it serves its metrics.
+    /// Starts the operator, serving its webhooks on loopback `webhook_port`,
+    /// and waits until it serves its metrics.
     pub async fn start(
         env: &TestEnv,
         gcs_endpoint: &str,
+        webhook_port: u16,
         args: &BenchArgs,
     ) -> anyhow::Result<Self> {
         // By default this binary's hidden `operator` command, which runs
@@ -47,6 +114,10 @@ impl Operator {
                 &humantime::format_duration(args.resync).to_string(),
             ])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--webhook-addr", &format!("127.0.0.1:{webhook_port}")])
+            .args(["--webhook-host", "127.0.0.1"])
+            .args(["--webhook-config-name", WEBHOOK_CONFIG])
+            .args(["--leader-election-namespace", OPERATOR_NAMESPACE])
             .env("KUBECONFIG", env.kubeconfig_path())
             .env("RUST_LOG", "warn")
             .envs(IMAGE_ENV)

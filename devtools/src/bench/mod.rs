@@ -1,11 +1,12 @@
-//! `cargo dev bench`: the operator as it ships (bucket map and binding
-//! Secrets included) at scale against the mock GCS.
+//! `cargo dev bench`: the operator as it ships (its finalizer webhook,
+//! bucket map and binding Secrets included) at scale against the mock GCS.
 //!
 //! Each shape (N resources over K namespaces) gets a fresh control plane and
 //! mock GCS. First the baseline: the API server alone stores the same N
 //! objects over K namespaces (nobody reconciles; they are then deleted).
-//! Then the operator runs as a separate process watching every namespace, as
-//! it does when installed, so its peak RSS is its own: `bucketmap operator`'s
+//! Then the operator runs as a separate process watching every namespace and
+//! serving the Gcs finalizer webhook (installed as `deploy/webhook.yaml`
+//! ships it), as it does when installed, so its peak RSS is its own: `bucketmap operator`'s
 //! entry point (`bucketmap::cli::run`), started through this binary's hidden
 //! `operator` command so that it is always the current code (its extra,
 //! untouched code pages do not count in the RSS); the N
@@ -97,6 +98,7 @@ struct Report {
     peak_rss: u64,
     idle_rss: u64,
     operator_cpu: f64,
+    events_after_ready: Option<Duration>,
 }
 
 /// Runs the benchmark and prints a report; stops everything on SIGTERM/ctrl-c.
@@ -113,7 +115,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 async fn run(args: BenchArgs) -> anyhow::Result<()> {
     println!("# bucketmap operator benchmark");
     println!(
-        "the operator as shipped (all namespaces, bucket map, binding Secrets), pacing off, mock GCS on loopback, resync {:?}\n",
+        "the operator as shipped (all namespaces, finalizer webhook, bucket map, binding Secrets), pacing off, mock GCS on loopback, resync {:?}\n",
         args.resync
     );
     let mut all_ready = true;
@@ -136,7 +138,10 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
     bucketmap_testkit::testenv::install_crd(&client, &Gcs::crd()).await?;
     let mock = MockGcs::start().await?;
     let (baseline, baseline_apiserver_cpu) = measure_baseline(args, shape, &client).await?;
-    let operator = Operator::start(&env, &mock.endpoint(), args).await?;
+    let webhook_port = bucketmap_testkit::free_port()?;
+    measure::install_finalizer_webhook(&client, webhook_port).await?;
+    let operator = Operator::start(&env, &mock.endpoint(), webhook_port, args).await?;
+    measure::wait_finalizer_webhook(&client).await?;
     let report = measure_operator(args, shape, &client, &mock.handle(), &operator).await?;
     operator.stop().await;
     mock.shutdown().await;
@@ -195,6 +200,7 @@ async fn measure_operator(
     let after = ApiCounters::read(client).await?;
     let operator_cpu = operator.cpu_seconds()? - idle_cpu;
     let reconciles = operator.reconciles().await?;
+    let events_after_ready = events_written(client, &before, shape.resources).await?;
     let create_calls = gcs.calls().len();
     let steady = match args.no_steady_state {
         true => None,
@@ -214,7 +220,28 @@ async fn measure_operator(
         peak_rss: operator.peak_rss()?,
         idle_rss,
         operator_cpu,
+        events_after_ready,
     })
+}
+
+/// How long after all Ready the last of the `n` resources' `Created`
+/// events was written (the operator writes events in the background, after
+/// the writes that make resources Ready); `None` if not within two minutes.
+async fn events_written(
+    client: &kube::Client,
+    before: &ApiCounters,
+    n: usize,
+) -> anyhow::Result<Option<Duration>> {
+    let started = Instant::now();
+    let all = async || {
+        let now = ApiCounters::read(client).await?;
+        let per_resource = now.writes_since(before, n).get("events").copied();
+        anyhow::Ok(per_resource.unwrap_or(0.0) >= 1.0)
+    };
+    match wait_until(Duration::from_secs(120), "all events written", all).await {
+        Ok(()) => Ok(Some(started.elapsed())),
+        Err(_) => Ok(None),
+    }
 }
 
 async fn namespaces(client: &kube::Client, prefix: &str, k: usize) -> anyhow::Result<Vec<String>> {
@@ -303,6 +330,26 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// The API writes per resource by all Ready, and when the events followed.
+fn print_writes(r: &Report) {
+    let writes: Vec<String> = r
+        .writes
+        .iter()
+        .map(|(what, per)| format!("{what} {per:.3}"))
+        .collect();
+    println!(
+        "- API writes per resource by all Ready: {}",
+        writes.join(", ")
+    );
+    match r.events_after_ready {
+        Some(d) => println!(
+            "- events: every resource's written {:.1} s after all Ready (they queue behind the work)",
+            d.as_secs_f64()
+        ),
+        None => println!("- events: not all written within 120 s after all Ready"),
+    }
+}
+
 fn print_report(r: &Report) {
     let (n, k) = (r.shape.resources, r.shape.namespaces);
     let ratio = r.to_ready.as_secs_f64() / r.baseline.as_secs_f64();
@@ -318,12 +365,7 @@ fn print_report(r: &Report) {
         r.reconciles / n as f64,
         r.reconciles / r.to_ready.as_secs_f64()
     );
-    let writes: Vec<String> = r
-        .writes
-        .iter()
-        .map(|(what, per)| format!("{what} {per:.3}"))
-        .collect();
-    println!("- API writes per resource: {}", writes.join(", "));
+    print_writes(r);
     let time: Vec<String> = r
         .api_time
         .iter()
