@@ -15,7 +15,7 @@ use http::{Method, Response, StatusCode, Uri};
 use crate::body::{ProxyBody, full};
 use crate::errors::ApiError;
 use crate::multipart::{boundary, find_header, part_headers, split};
-use crate::rewrite::json::rewrite_json_bytes;
+use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
 use crate::rewrite::strict::check_request_json;
 use crate::rewrite::{Translator, request_bucket};
 use crate::route::{Api, RequestBody, Resource, ResponseBody, Route, replace_slots, route};
@@ -413,14 +413,24 @@ fn translate_nested_response(
         Some(length) if length <= body.len() => &body[..length],
         _ => body,
     };
-    let new_body = if is_json {
-        rewrite_json_bytes(body, hint, tr).ok().flatten()
-    } else {
-        None
+    let code = parsed.code.unwrap_or(200);
+    let new_body = match is_json {
+        true => match rewrite_json_body(body, hint, tr) {
+            Ok(JsonBody::Changed(new)) => Some(new),
+            Ok(JsonBody::Unchanged) => None,
+            Ok(JsonBody::Unreadable) | Err(_) => {
+                let status = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+                let well_formed = crate::proxy::is_json(body);
+                match crate::proxy::unreadable_answer(status, body, well_formed, tr, "JSON") {
+                    Ok(new) => Some(new),
+                    Err(e) => return Some(error_response(&e)),
+                }
+            }
+        },
+        false => None,
     };
     let body = new_body.as_deref().unwrap_or(body);
     let mut out = Vec::with_capacity(payload.len() + 32);
-    let code = parsed.code.unwrap_or(200);
     let reason = parsed.reason.unwrap_or("");
     out.extend_from_slice(format!("HTTP/1.1 {code} {reason}\r\n").as_bytes());
     for h in parsed.headers.iter() {
@@ -605,6 +615,25 @@ mod tests {
             out.contains("\"bucket\":\"logs\""),
             "the readable part: {out}"
         );
+
+        // A JSON part that cannot be read: a success becomes a 502 part, an
+        // error keeps its status with the name translated as in text.
+        let unreadable = "--resp\r\nContent-ID: <response-a+1>\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"bucket\":\"photos-k3x9q2mw\r\n\
+            --resp\r\nContent-ID: <response-a+3>\r\n\r\n\
+            HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n\r\n<p>photos-k3x9q2mw</p>\r\n--resp--\r\n";
+        let out = translate_response(
+            unreadable.as_bytes(),
+            "multipart/mixed; boundary=resp",
+            &plan,
+            &tr,
+        )
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!out.contains("k3x9q2mw"), "{out}");
+        assert!(out.contains("HTTP/1.1 502 Bad Gateway"), "{out}");
+        assert!(out.contains("HTTP/1.1 404 Not Found"), "{out}");
+        assert!(out.contains("<p>photos</p>"), "{out}");
     }
 
     #[test]

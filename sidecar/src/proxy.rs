@@ -30,7 +30,7 @@ use crate::layers::timeout::{TimeoutFuture, UpstreamError, UpstreamTimeout, Upst
 use crate::layers::{BoxFuture, labelled, rejection};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::{Metrics, OperationLabels};
-use crate::rewrite::json::rewrite_json_bytes;
+use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
 use crate::rewrite::strict::check_request_json;
 use crate::rewrite::text::replace_bucket_tokens;
 use crate::rewrite::url::{rewrite_copy_source, rewrite_url};
@@ -591,24 +591,7 @@ impl Proxy {
             })?;
             parts.headers.remove(header::CONTENT_ENCODING);
         }
-        let new = match kind {
-            MetadataKind::Json(hint) => rewrite_json_bytes(&bytes, hint, tr).ok().flatten(),
-            MetadataKind::Xml => rewrite_xml(&bytes, tr).ok().flatten(),
-            MetadataKind::Text => std::str::from_utf8(&bytes).ok().map(|text| {
-                replace_bucket_tokens(text, |n| tr.bucket_lenient(n))
-                    .into_owned()
-                    .into_bytes()
-            }),
-            MetadataKind::Batch => match batch_plan {
-                Some(plan) => {
-                    let content_type =
-                        header_str(&parts.headers, header::CONTENT_TYPE).unwrap_or_default();
-                    Some(batch::translate_response(&bytes, content_type, plan, tr)?)
-                }
-                // Batch responses answer batch requests, which always have a plan.
-                None => None,
-            },
-        };
+        let new = translate_metadata(kind, &bytes, &parts, tr, batch_plan)?;
         let body = replaced_body(&mut parts.headers, bytes, new);
         Ok(Response::from_parts(parts, body))
     }
@@ -732,6 +715,77 @@ fn metadata_kind(
     } else {
         None
     }
+}
+
+/// The translated metadata body of an answer, or `None` to send it as it is.
+fn translate_metadata(
+    kind: MetadataKind,
+    bytes: &[u8],
+    parts: &http::response::Parts,
+    tr: &Translator<'_>,
+    batch_plan: Option<&batch::Plan>,
+) -> Result<Option<Vec<u8>>, ApiError> {
+    Ok(match kind {
+        MetadataKind::Json(hint) => match rewrite_json_body(bytes, hint, tr) {
+            Ok(JsonBody::Changed(new)) => Some(new),
+            Ok(JsonBody::Unchanged) => None,
+            Ok(JsonBody::Unreadable) | Err(_) => Some(unreadable_answer(
+                parts.status,
+                bytes,
+                is_json(bytes),
+                tr,
+                "JSON",
+            )?),
+        },
+        MetadataKind::Xml => match rewrite_xml(bytes, tr) {
+            Ok(Some(new)) => Some(new),
+            Ok(None) | Err(_) => Some(unreadable_answer(parts.status, bytes, false, tr, "XML")?),
+        },
+        MetadataKind::Text => std::str::from_utf8(bytes).ok().map(|text| {
+            replace_bucket_tokens(text, |n| tr.bucket_lenient(n))
+                .into_owned()
+                .into_bytes()
+        }),
+        MetadataKind::Batch => match batch_plan {
+            Some(plan) => {
+                let content_type =
+                    header_str(&parts.headers, header::CONTENT_TYPE).unwrap_or_default();
+                Some(batch::translate_response(bytes, content_type, plan, tr)?)
+            }
+            // Batch responses answer batch requests, which always have a plan.
+            None => None,
+        },
+    })
+}
+
+/// A JSON or XML answer the rewriter cannot read as a resource (fail
+/// closed). A body that is not UTF-8, or a success that is not well-formed
+/// (`well_formed`: JSON of another shape than an object, such as the
+/// emulator's `null` for a delete), is refused with a 502: what cannot be
+/// read cannot be translated, and may carry physical names. Otherwise every
+/// token that names a bucket is translated, as in a text error.
+pub(crate) fn unreadable_answer(
+    status: StatusCode,
+    bytes: &[u8],
+    well_formed: bool,
+    tr: &Translator<'_>,
+    what: &str,
+) -> Result<Vec<u8>, ApiError> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if well_formed || status.as_u16() >= 400 => {
+            Ok(replace_bucket_tokens(text, |n| tr.bucket_lenient(n))
+                .into_owned()
+                .into_bytes())
+        }
+        _ => Err(ApiError::bad_gateway(format!(
+            "the upstream answered {status} with a {what} body the sidecar cannot read; not forwarded"
+        ))),
+    }
+}
+
+/// Whether `bytes` is JSON of any shape.
+pub(crate) fn is_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
 }
 
 /// The body to send after a rewrite (or the original), with `Content-Length` set.

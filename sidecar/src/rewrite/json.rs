@@ -20,21 +20,53 @@ use super::{Direction, Translator};
 use crate::errors::ApiError;
 use crate::route::Resource;
 
+/// What a rewrite made of a JSON body.
+#[derive(Debug, PartialEq, Eq)]
+pub enum JsonBody {
+    /// Empty, or nothing to change.
+    Unchanged,
+    /// The body to send instead.
+    Changed(Vec<u8>),
+    /// Not a UTF-8 JSON object: the rewriter cannot read it.
+    Unreadable,
+}
+
 /// Rewrites a JSON body. Returns `Ok(None)` when nothing changes, or when the
-/// body is empty or not JSON (it is then forwarded untouched), `Err` when a
-/// request names a bucket it may not use.
+/// body is empty or not JSON (a request's is then forwarded untouched, and
+/// GCS refuses what it cannot parse), `Err` when a request names a bucket it
+/// may not use. Responses use [`rewrite_json_body`], which says when a body
+/// cannot be read.
 pub fn rewrite_json_bytes(
     body: &[u8],
     hint: Resource,
     tr: &Translator<'_>,
 ) -> Result<Option<Vec<u8>>, ApiError> {
+    Ok(match rewrite_json_body(body, hint, tr)? {
+        JsonBody::Changed(new) => Some(new),
+        JsonBody::Unchanged | JsonBody::Unreadable => None,
+    })
+}
+
+/// Rewrites a JSON body, telling a body it cannot read from one it need
+/// not change.
+pub fn rewrite_json_body(
+    body: &[u8],
+    hint: Resource,
+    tr: &Translator<'_>,
+) -> Result<JsonBody, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
+        return Ok(JsonBody::Unchanged);
     }
     let Ok(text) = std::str::from_utf8(body) else {
-        return Ok(None);
+        return Ok(JsonBody::Unreadable);
     };
-    document(text, hint, tr)
+    let Some(obj) = Object::parse_str(text) else {
+        return Ok(JsonBody::Unreadable);
+    };
+    Ok(match document(obj, hint, tr)? {
+        Some(new) => JsonBody::Changed(new),
+        None => JsonBody::Unchanged,
+    })
 }
 
 /// Rewrites a parsed document (test helper): the same path as bodies take.
@@ -52,10 +84,11 @@ pub(crate) fn rewrite_document(
 }
 
 /// An error document or a resource.
-fn document(doc: &str, hint: Resource, tr: &Translator<'_>) -> Result<Option<Vec<u8>>, ApiError> {
-    let Some(mut obj) = Object::parse_str(doc) else {
-        return Ok(None);
-    };
+fn document(
+    mut obj: Object<'_>,
+    hint: Resource,
+    tr: &Translator<'_>,
+) -> Result<Option<Vec<u8>>, ApiError> {
     if obj.has_object("error") {
         if tr.direction == Direction::ToLogical {
             obj.each_value("error", |error| Ok(rewrite_error(error, tr)))?;

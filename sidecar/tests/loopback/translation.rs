@@ -610,3 +610,129 @@ async fn batch_requests_are_translated_part_by_part() {
         "{text}"
     );
 }
+
+/// What the upstream answers for each target, by the path it receives.
+fn answering(answers: Vec<(String, u16, &'static str, String)>) -> Handler {
+    let answers = Arc::new(answers);
+    handler(move |req: Request<Incoming>| {
+        let answers = answers.clone();
+        async move {
+            let target = req.uri().to_string();
+            let (_, status, content_type, body) = answers
+                .iter()
+                .find(|(path, ..)| target.starts_with(path.as_str()))
+                .cloned()
+                .unwrap_or_else(|| {
+                    (
+                        String::new(),
+                        500,
+                        "text/plain",
+                        format!("no answer for {target}"),
+                    )
+                });
+            let mut response = Response::new(full(body));
+            *response.status_mut() = StatusCode::from_u16(status).expect("status");
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            response
+        }
+    })
+}
+
+/// The upstream's answers for the fail-closed test: by target, a status, a
+/// content type and a body (all but `fine` unreadable).
+fn unreadable_answers() -> Vec<(String, u16, &'static str, String)> {
+    let json = "application/json; charset=UTF-8";
+    let xml = "application/xml";
+    let object = |name: &str| format!("/storage/v1/b/{PHYSICAL}/o/{name}");
+    vec![
+        (
+            object("truncated"),
+            200,
+            json,
+            format!(r#"{{"bucket":"{PHYSICAL}","name":"tr"#),
+        ),
+        (object("array"), 200, json, format!(r#"["{PHYSICAL}"]"#)),
+        (object("null"), 200, json, "null\n".to_owned()),
+        (
+            object("html"),
+            404,
+            json,
+            format!("<html>No such bucket {PHYSICAL}</html>"),
+        ),
+        (
+            object("fine"),
+            200,
+            json,
+            format!(r#"{{"bucket":"{PHYSICAL}","name":"fine"}}"#),
+        ),
+        (
+            format!("/{PHYSICAL}?prefix=bad"),
+            200,
+            xml,
+            format!("<ListBucketResult><Name>{PHYSICAL}</Name>"),
+        ),
+        (
+            format!("/{PHYSICAL}?prefix=err"),
+            403,
+            xml,
+            format!("<Error><Message>{PHYSICAL} denied</Message"),
+        ),
+    ]
+}
+
+/// Fail closed: a JSON or XML answer the sidecar cannot read as a resource
+/// is never forwarded as it came. A success that is not well-formed becomes
+/// a GCS-style 502; an error, or JSON of another shape (the emulator answers
+/// a delete with `null`), keeps its status with bucket names translated as
+/// in a text error.
+#[tokio::test]
+async fn metadata_answers_that_cannot_be_read_are_never_forwarded_as_they_came() {
+    let upstream = Upstream::start(answering(unreadable_answers())).await;
+    let sidecar = Sidecar::start(&upstream, Options::default()).await;
+    for (target, status) in [
+        ("/storage/v1/b/photos/o/truncated", 502),
+        ("/storage/v1/b/photos/o/array", 200),
+        ("/storage/v1/b/photos/o/html", 404),
+        ("/photos?prefix=bad", 502),
+        ("/photos?prefix=err", 403),
+    ] {
+        let answer = sidecar.get(target).await;
+        assert_eq!(
+            answer.status.as_u16(),
+            status,
+            "{target}: {}",
+            answer.text()
+        );
+        assert!(
+            !answer.text().contains(PHYSICAL),
+            "{target}: {}",
+            answer.text()
+        );
+        if status == 502 && target.starts_with("/storage/") {
+            assert_eq!(
+                answer.json()["error"]["code"],
+                502,
+                "{target}: JSON API error"
+            );
+        } else if status == 502 {
+            let text = answer.text();
+            assert!(
+                text.contains("<Error><Code>"),
+                "{target}: XML API error: {text}"
+            );
+        } else {
+            assert!(
+                answer.text().contains("photos"),
+                "{target}: {}",
+                answer.text()
+            );
+        }
+    }
+    let null = sidecar.get("/storage/v1/b/photos/o/null").await;
+    assert_eq!((null.status.as_u16(), null.text().trim()), (200, "null"));
+    let fine = sidecar.get("/storage/v1/b/photos/o/fine").await;
+    assert_eq!(fine.status, StatusCode::OK);
+    assert_eq!(fine.json()["bucket"], "photos");
+}
