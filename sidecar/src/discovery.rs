@@ -10,6 +10,7 @@
 //! the test `every_discovery_method_is_classified` says so).
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use http::Method;
 
@@ -262,19 +263,72 @@ pub fn schema_resource(schema: &str) -> Resource {
 
 /// Every method of the document, most literal segments first (so a template
 /// such as `b/{bucket}/o/bulkRestore` wins over `b/{bucket}/o/{object}`).
-#[derive(Debug)]
 pub struct Table {
     /// Sorted: most literal segments first.
     pub operations: [Operation; OPERATION_COUNT],
+    /// The operations grouped by method and segment count, built on first use.
+    index: LazyLock<Index, fn() -> Index>,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("operations", &self.operations.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Table {
     /// The operation (routed or refused on purpose) for `method` and the raw
-    /// segments after `/storage/v1/`; `None` when nothing matches.
-    pub fn find(&self, method: &Method, segs: &[&str]) -> Option<&Operation> {
-        self.operations
+    /// segments after `/storage/v1/`; `None` when nothing matches. Only the
+    /// templates of the method with as many segments are compared, in table
+    /// order.
+    pub fn find(&self, method: &Method, segs: &[&str]) -> Option<&'static Operation> {
+        self.index
+            .group(method, segs.len())
             .iter()
-            .find(|op| op.method == *method && op.matches(segs))
+            .copied()
+            .find(|op| op.matches(segs))
+    }
+}
+
+/// The table's operations by method and segment count, each group in table
+/// order: `groups[method][segment count]`.
+struct Index {
+    methods: Vec<Method>,
+    groups: Vec<Vec<Vec<&'static Operation>>>,
+}
+
+impl Index {
+    fn of_table() -> Index {
+        let mut index = Index {
+            methods: Vec::new(),
+            groups: Vec::new(),
+        };
+        for op in &TABLE.operations {
+            let m = match index.methods.iter().position(|m| *m == op.method) {
+                Some(m) => m,
+                None => {
+                    index.methods.push(op.method.clone());
+                    index.groups.push(Vec::new());
+                    index.methods.len() - 1
+                }
+            };
+            let group = &mut index.groups[m];
+            if group.len() <= op.segments.len() {
+                group.resize(op.segments.len() + 1, Vec::new());
+            }
+            group[op.segments.len()].push(op);
+        }
+        index
+    }
+
+    fn group(&self, method: &Method, len: usize) -> &[&'static Operation] {
+        self.methods
+            .iter()
+            .position(|m| m == method)
+            .and_then(|m| self.groups[m].get(len))
+            .map_or(&[], Vec::as_slice)
     }
 }
 
@@ -284,19 +338,18 @@ include!(concat!(env!("OUT_DIR"), "/discovery_table.rs"));
 
 static TABLE: Table = Table {
     operations: OPERATIONS,
+    index: LazyLock::new(Index::of_table),
 };
 
-/// The table built from the vendored document at compile time. It cannot
-/// fail any more; the `Result` stays for the router, which refuses requests
-/// when it has no table.
-pub fn table() -> Result<&'static Table, &'static str> {
-    Ok(&TABLE)
+/// The table built from the vendored document at compile time.
+pub fn table() -> &'static Table {
+    &TABLE
 }
 
 /// Checks the table at start-up: it lists operations (the build already
 /// fails on a document it cannot turn into a table).
 pub fn check() -> anyhow::Result<()> {
-    let table = table().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let table = table();
     anyhow::ensure!(
         !table.operations.is_empty(),
         "the discovery table lists no operation"
@@ -370,7 +423,7 @@ mod tests {
             stale.is_empty(),
             "classified but gone from the document: {stale:?}"
         );
-        for op in &table().unwrap_or_else(|e| panic!("{e}")).operations {
+        for op in &table().operations {
             let id = format!("storage.{}", op.name);
             assert_eq!(Some(op.class), class_of(&id), "{id}: the table's class");
         }
@@ -380,7 +433,7 @@ mod tests {
     /// the document describes it, most literal segments first.
     #[test]
     fn the_generated_table_is_the_document() {
-        let table = table().unwrap_or_else(|e| panic!("{e}"));
+        let table = table();
         let methods = document_methods();
         assert_eq!(
             table.operations.len(),
@@ -420,7 +473,7 @@ mod tests {
 
     #[test]
     fn the_table_parses_and_templates_are_unambiguous() {
-        let table = table().unwrap_or_else(|e| panic!("{e}"));
+        let table = table();
         for (i, a) in table.operations.iter().enumerate() {
             for b in &table.operations[i + 1..] {
                 let same_shape = a.method == b.method
@@ -512,7 +565,7 @@ mod tests {
         let m = mapping();
         let links = upstream_base();
         let tr = translator(&m, &links, Direction::ToPhysical);
-        let table = table().unwrap_or_else(|e| panic!("{e}"));
+        let table = table();
         let mut checked = 0;
         for op in table
             .operations

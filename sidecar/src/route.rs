@@ -203,9 +203,6 @@ pub enum RouteError {
         /// Its value, decoded (its first 32 characters).
         value: String,
     },
-    /// The embedded discovery document could not be turned into a table.
-    #[error("the JSON API operation table is unavailable: {0}")]
-    TableUnavailable(&'static str),
 }
 
 impl RouteError {
@@ -222,7 +219,6 @@ impl RouteError {
             RouteError::RepeatedParameter(_) => "repeated_parameter",
             RouteError::DisguisedParameter { .. } => "disguised_parameter",
             RouteError::BadParameter { .. } => "bad_parameter",
-            RouteError::TableUnavailable(_) => "table_unavailable",
         }
     }
 }
@@ -485,68 +481,6 @@ fn routing_params<'q, const N: usize>(
     Ok(found)
 }
 
-/// Methods the operation index has a row for (the discovery document's).
-const INDEXED_METHODS: [Method; 5] = [
-    Method::GET,
-    Method::POST,
-    Method::PUT,
-    Method::PATCH,
-    Method::DELETE,
-];
-
-/// The discovery table's operations grouped by method and segment count,
-/// each group in table order: a lookup compares only the templates that can
-/// match, and finds what [`discovery::Table::find`] finds.
-struct OperationIndex {
-    /// `groups[method][segment count]`.
-    groups: Vec<Vec<Vec<&'static discovery::Operation>>>,
-}
-
-impl OperationIndex {
-    fn new(table: &'static discovery::Table) -> Self {
-        let longest = table
-            .operations
-            .iter()
-            .map(|op| op.segments.len())
-            .max()
-            .unwrap_or(0);
-        let mut groups = vec![vec![Vec::new(); longest + 1]; INDEXED_METHODS.len()];
-        for op in &table.operations {
-            if let Some(m) = INDEXED_METHODS.iter().position(|m| *m == op.method) {
-                groups[m][op.segments.len()].push(op);
-            }
-        }
-        Self { groups }
-    }
-
-    /// The group `method` and `len` select; `None` when the index has no
-    /// row for the method (the table is then searched whole).
-    fn group(&self, method: &Method, len: usize) -> Option<&[&'static discovery::Operation]> {
-        let m = INDEXED_METHODS.iter().position(|m| m == method)?;
-        Some(self.groups[m].get(len).map_or(&[][..], Vec::as_slice))
-    }
-}
-
-static OPERATION_INDEX: std::sync::LazyLock<Result<OperationIndex, &'static str>> =
-    std::sync::LazyLock::new(|| discovery::table().map(OperationIndex::new));
-
-/// The discovery operation for `method` and the segments after
-/// `/storage/v1/`, as [`discovery::Table::find`] answers, through the index.
-fn find_operation(
-    method: &Method,
-    names: &[&str],
-) -> Result<Option<&'static discovery::Operation>, RouteError> {
-    let index = OPERATION_INDEX
-        .as_ref()
-        .map_err(|&e| RouteError::TableUnavailable(e))?;
-    Ok(match index.group(method, names.len()) {
-        Some(group) => group.iter().copied().find(|op| op.matches(names)),
-        None => discovery::table()
-            .map_err(RouteError::TableUnavailable)?
-            .find(method, names),
-    })
-}
-
 /// `/storage/v1/` + `segs`: an operation of the discovery document.
 fn json_route(
     method: &Method,
@@ -555,7 +489,7 @@ fn json_route(
     query: &str,
     unknown: impl Fn() -> RouteError,
 ) -> Result<Option<Route>, RouteError> {
-    let Some(op) = find_operation(method, names)? else {
+    let Some(op) = discovery::table().find(method, names) else {
         return Err(unknown());
     };
     if let Class::Refused(reason) = op.class {
@@ -1285,8 +1219,8 @@ mod tests {
     }
 
     #[test]
-    fn the_operation_index_finds_what_the_table_finds() {
-        let table = discovery::table().unwrap_or_else(|e| panic!("{e}"));
+    fn the_table_finds_what_a_scan_in_table_order_finds() {
+        let table = discovery::table();
         let methods = [
             Method::GET,
             Method::HEAD,
@@ -1312,8 +1246,11 @@ mod tests {
             let shorter = &concrete[..concrete.len().saturating_sub(1)];
             for names in [concrete.as_slice(), &longer, shorter] {
                 for method in &methods {
-                    let found = find_operation(method, names).unwrap_or_else(|e| panic!("{e}"));
-                    let want = table.find(method, names);
+                    let found = table.find(method, names);
+                    let want = table
+                        .operations
+                        .iter()
+                        .find(|op| op.method == *method && op.matches(names));
                     assert_eq!(
                         found.map(|op| &op.name),
                         want.map(|op| &op.name),
