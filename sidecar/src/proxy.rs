@@ -393,8 +393,13 @@ impl Proxy {
             }
             RequestBody::Xml => {
                 let bytes = self.read_metadata(&req, body).await?;
-                let new = rewrite_xml(&bytes, to_physical)?;
-                Outgoing::Body(replaced_body(headers, bytes, new))
+                // Fail closed: what the rewriter cannot read is not forwarded.
+                let new = rewrite_xml(&bytes, to_physical)?.ok_or_else(|| {
+                    ApiError::bad_request(
+                        "bucketmap-sidecar refuses this XML request body: it is not well-formed XML",
+                    )
+                })?;
+                Outgoing::Body(replaced_body(headers, bytes, Some(new)))
             }
             RequestBody::Multipart(hint) => self.multipart_body(&req, headers, body, hint).await?,
             RequestBody::Batch => self.batch_body(&req, headers, body).await?,

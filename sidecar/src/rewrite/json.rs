@@ -31,20 +31,26 @@ pub enum JsonBody {
     Unreadable,
 }
 
-/// Rewrites a JSON body. Returns `Ok(None)` when nothing changes, or when the
-/// body is empty or not JSON (a request's is then forwarded untouched, and
-/// GCS refuses what it cannot parse), `Err` when a request names a bucket it
-/// may not use. Responses use [`rewrite_json_body`], which says when a body
-/// cannot be read.
+/// Rewrites a request's JSON body. Returns `Ok(None)` when nothing changes
+/// or the body is empty, `Err` when a request names a bucket it may not use
+/// or the body cannot be read: a body the rewriter cannot read is refused,
+/// never forwarded as it came (callers check its shape first, with
+/// [`super::strict::check_request_json`], for a precise message). Responses
+/// use [`rewrite_json_body`], which says when a body cannot be read.
 pub fn rewrite_json_bytes(
     body: &[u8],
     hint: Resource,
     tr: &Translator<'_>,
 ) -> Result<Option<Vec<u8>>, ApiError> {
-    Ok(match rewrite_json_body(body, hint, tr)? {
-        JsonBody::Changed(new) => Some(new),
-        JsonBody::Unchanged | JsonBody::Unreadable => None,
-    })
+    match rewrite_json_body(body, hint, tr)? {
+        JsonBody::Changed(new) => Ok(Some(new)),
+        JsonBody::Unchanged => Ok(None),
+        JsonBody::Unreadable => Err(ApiError::bad_request(
+            "bucketmap-sidecar refuses this JSON request body: it is not one JSON object \
+             it can read"
+                .to_owned(),
+        )),
+    }
 }
 
 /// Rewrites a JSON body, telling a body it cannot read from one it need
@@ -686,6 +692,32 @@ mod tests {
         );
     }
 
+    /// A request body the rewriter cannot read is refused, whatever the
+    /// caller checked before: it is never forwarded as it came.
+    #[test]
+    fn request_bodies_it_cannot_read_are_refused() {
+        let (m, links) = (mapping(), sidecar_base());
+        let to_physical = translator(&m, &links, Direction::ToPhysical);
+        let unreadable: [&[u8]; 6] = [
+            b"[{\"bucket\": \"photos\"}]",
+            b"\"photos\"",
+            b"{\"bucket\": \"photos\"",
+            b"{\"bucket\": \"photos\"} {}",
+            b"\xff{}",
+            b"null",
+        ];
+        for body in unreadable {
+            let got = rewrite_json_bytes(body, Resource::Object, &to_physical)
+                .map_err(|e| e.status.as_u16());
+            assert_eq!(got, Err(400), "{}", String::from_utf8_lossy(body));
+        }
+        assert_eq!(
+            rewrite_json_bytes(b" \n", Resource::Object, &to_physical).ok(),
+            Some(None),
+            "an empty body is sent as it is"
+        );
+    }
+
     #[test]
     fn untouched_members_keep_their_bytes_and_repeated_keys_are_all_checked() {
         let (m, links) = (mapping(), sidecar_base());
@@ -727,7 +759,7 @@ mod tests {
     }
 
     #[test]
-    fn non_json_and_empty_bodies_are_left_alone() {
+    fn empty_bodies_are_left_alone_and_non_json_is_refused() {
         let (m, links) = (mapping(), sidecar_base());
         let t = translator(&m, &links, Direction::ToLogical);
         assert_eq!(
@@ -735,8 +767,8 @@ mod tests {
             Some(None)
         );
         assert_eq!(
-            rewrite_json_bytes(b"not json", Resource::Object, &t).ok(),
-            Some(None)
+            rewrite_json_bytes(b"not json", Resource::Object, &t).map_err(|e| e.status.as_u16()),
+            Err(400)
         );
         assert!(
             rewrite_json_bytes(b"{\"bucket\":\"photos-k3x9q2mw\"}", Resource::Object, &t)

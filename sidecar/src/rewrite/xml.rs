@@ -122,8 +122,9 @@ impl Rewriter<'_, '_> {
     }
 }
 
-/// Rewrites an XML body. Returns `Ok(None)` when it is not well-formed XML
-/// (it is then forwarded untouched).
+/// Rewrites an XML body. Returns `Ok(None)` when it is not well-formed XML:
+/// a request is then refused, a response answered as one that cannot be read
+/// (neither is forwarded as it came).
 pub fn rewrite_xml(input: &[u8], tr: &Translator<'_>) -> Result<Option<Vec<u8>>, ApiError> {
     let mut reader = Reader::from_reader(input);
     let mut rw = Rewriter {

@@ -133,6 +133,14 @@ const REFUSED: &[Refused] = &[
         403,
         "forbidden",
     ),
+    (
+        Method::PUT,
+        "/photos?logging",
+        &[("content-type", "application/xml")],
+        "<Logging><LogBucket>logs</LogBucket>",
+        400,
+        "InvalidArgument",
+    ),
 ];
 
 /// `method target` with `headers` and `body`, sent through the sidecar.
