@@ -12,12 +12,17 @@
 //! pinned installs and the emulator work on their own, so a failure in the
 //! sidecar test is the sidecar's.
 //!
+//! gcsfs, the Python filesystem most data tools reach GCS through, speaks
+//! the JSON API with its own client: it runs the same operations through the
+//! sidecar and directly, and every outcome must be the same.
+//!
 //! The client installs are cached (see sidecar/tests/clients/install.sh);
 //! the first run builds them from the registries.
 
 mod common;
 
 use common::checks::Checks;
+use common::gcsfs::{check_same_steps, check_sidecar_side, run_gcsfs};
 use common::report::{check_report, check_upstream};
 use common::scenario::{Client, Scenario, run_client};
 use common::world::World;
@@ -116,4 +121,23 @@ fn rust_client_through_sidecar() {
 #[test]
 fn rust_client_direct() {
     direct(Client::Rust);
+}
+
+#[test]
+fn gcsfs_through_sidecar_does_what_it_does_directly() {
+    let direct = World::direct("gcsfs-direct").expect("start fake-gcs-server");
+    let world =
+        World::through_sidecar("gcsfs", &[]).expect("start fake-gcs-server and the sidecar");
+    let mut checks = Checks::default();
+    match (run_gcsfs(&direct), run_gcsfs(&world)) {
+        (Ok((want, _)), Ok((got, raw))) => {
+            check_same_steps(&mut checks, &want, &got);
+            if let Err(e) = check_sidecar_side(&mut checks, &world, &got, &raw) {
+                checks.fail(format!("cannot read the upstream state: {e:#}"));
+            }
+        }
+        (Err(e), _) => checks.fail(format!("directly: {e:#}")),
+        (_, Err(e)) => checks.fail(format!("through the sidecar: {e:#}")),
+    }
+    checks.finish("gcsfs through the sidecar", &world.diagnostics());
 }

@@ -70,12 +70,13 @@ pub fn already_injected(pod: &Pod) -> bool {
 
 /// The pod annotations: the sidecar's endpoint, and how each client family
 /// is pointed at it (visible in `kubectl describe pod`). The environment
-/// covers Python, Go, C++ and gcloud; Node.js and Java take code.
+/// covers Python (gcsfs too), Go, C++ and gcloud; Node.js and Java take code.
 pub fn annotations(port: u16) -> BTreeMap<String, String> {
     let url = format!("http://127.0.0.1:{port}");
     let clients = format!(
         "Python, Go: STORAGE_EMULATOR_HOST; C++: CLOUD_STORAGE_EMULATOR_ENDPOINT; \
-         gcloud: CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE (all set by bucketmap). \
+         gcloud: CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE; gcsfs: also \
+         GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false (all set by bucketmap). \
          Node.js: delete process.env.STORAGE_EMULATOR_HOST, then \
          new Storage({{apiEndpoint: '{url}'}}) (while the variable is set, the \
          library takes it as its JSON API base, even with apiEndpoint). \
@@ -98,6 +99,11 @@ pub fn client_env(port: u16) -> Vec<EnvVar> {
         ("CLOUD_STORAGE_EMULATOR_ENDPOINT", url.clone()),
         // gcloud storage.
         ("CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE", format!("{url}/")),
+        // gcsfs (Python) reads STORAGE_EMULATOR_HOST, but by default first
+        // asks each bucket's layout over TLS gRPC on the same host:port. The
+        // sidecar's port speaks plaintext, so every operation would wait out
+        // gcsfs's 60 s retry budget before it falls back to the JSON API.
+        ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false".to_owned()),
     ]
     .into_iter()
     .map(|(name, value)| EnvVar {
@@ -402,6 +408,11 @@ mod tests {
         assert_eq!(
             env_of(&init[1], "CLOUD_STORAGE_EMULATOR_ENDPOINT").as_deref(),
             Some("http://127.0.0.1:9023")
+        );
+        assert_eq!(
+            env_of(&spec.containers[1], "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT").as_deref(),
+            Some("false"),
+            "gcsfs does not wait for a TLS gRPC lookup the sidecar cannot answer"
         );
         assert_eq!(
             env_of(&init[0], "STORAGE_EMULATOR_HOST"),

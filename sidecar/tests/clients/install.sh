@@ -74,7 +74,7 @@ install_one() {
 # --- python -------------------------------------------------------------------
 python_bin="${PYTHON:-python3}"
 check_python() {
-  [[ -x "$1/bin/python" ]] && "$1/bin/python" -c 'import google.cloud.storage' >/dev/null 2>&1
+  [[ -x "$1/bin/python" ]] && "$1/bin/python" -c 'import google.cloud.storage, gcsfs' >/dev/null 2>&1
 }
 build_python() {
   "$python_bin" -m venv "$1"

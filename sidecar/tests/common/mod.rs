@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod checks;
+pub mod gcsfs;
 pub mod grpc_clients;
 pub mod grpc_raw;
 pub mod grpc_world;
