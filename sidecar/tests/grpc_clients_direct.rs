@@ -90,7 +90,9 @@ async fn direct(client: GrpcClient) {
     match run {
         Ok(report) => {
             let checked = match client {
-                GrpcClient::Go => check_go(&mut checks, &spec, &report, &mock.handle()),
+                GrpcClient::Go | GrpcClient::Java => {
+                    check_go(&mut checks, &spec, &report, &mock.handle())
+                }
                 GrpcClient::Rust => check_rust(&mut checks, &spec, &report, &mock.handle()),
             };
             if let Err(e) = checked {
@@ -123,4 +125,9 @@ async fn go_grpc_client_direct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_grpc_client_direct() {
     direct(GrpcClient::Rust).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn java_grpc_client_direct() {
+    direct(GrpcClient::Java).await;
 }

@@ -122,7 +122,7 @@ async fn through_sidecar(client: GrpcClient) {
     match run {
         Ok(report) => {
             let checked = match client {
-                GrpcClient::Go => check_go(&mut checks, &spec, &report, &mock),
+                GrpcClient::Go | GrpcClient::Java => check_go(&mut checks, &spec, &report, &mock),
                 GrpcClient::Rust => check_rust(&mut checks, &spec, &report, &mock),
             };
             if let Err(e) = checked {
@@ -156,6 +156,11 @@ async fn go_grpc_client_through_sidecar() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_grpc_client_through_sidecar() {
     through_sidecar(GrpcClient::Rust).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn java_grpc_client_through_sidecar() {
+    through_sidecar(GrpcClient::Java).await;
 }
 
 /// The judge of refusals: the code, the message, and no call upstream.

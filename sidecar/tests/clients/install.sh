@@ -120,20 +120,23 @@ install_node() {
 
 # --- java ---------------------------------------------------------------------
 # Maven only resolves the pinned jars (into its own repository in the cache);
-# javac compiles the one source file against them.
-check_java() { [[ -f "$1/classes/Scenario.class" ]] && compgen -G "$1/lib/google-cloud-storage-*.jar" >/dev/null; }
+# javac compiles the scenarios (JSON API: Scenario; gRPC: GrpcScenario) against them.
+check_java() {
+  [[ -f "$1/classes/Scenario.class" && -f "$1/classes/GrpcScenario.class" ]] &&
+    compgen -G "$1/lib/google-cloud-storage-*.jar" >/dev/null
+}
 build_java() {
   local m2="$cache_root/m2"
   (cd "$clients_dir/java" && mvn -B -q -Dmaven.repo.local="$m2" \
     dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$1/lib")
   mkdir -p "$1/classes"
-  javac -encoding UTF-8 -d "$1/classes" -cp "$1/lib/*" "$clients_dir/java/src/main/java/Scenario.java"
+  javac -encoding UTF-8 -d "$1/classes" -cp "$1/lib/*" "$clients_dir"/java/src/main/java/*.java
 }
 install_java() {
   command -v mvn >/dev/null 2>&1 || die "mvn (Maven) is required"
   command -v javac >/dev/null 2>&1 || die "javac (a JDK, 17 or newer) is required"
   local dest
-  dest="$cache_root/java-$(key "$clients_dir/java/pom.xml" "$clients_dir/java/src/main/java/Scenario.java" "$(javac -version 2>&1)")"
+  dest="$cache_root/java-$(key "$clients_dir/java/pom.xml" "$clients_dir"/java/src/main/java/*.java "$(javac -version 2>&1)")"
   install_one java "$dest" check_java build_java
   printf 'java=%s\n' "$dest"
 }

@@ -1,5 +1,6 @@
-//! The gRPC client scenarios (Go `storage.NewGRPCClient`, the Rust SDK's
-//! `StorageControl` and `Storage::open_object`) against any plaintext
+//! The gRPC client scenarios (Go `storage.NewGRPCClient`, Java
+//! `StorageOptions.grpc()`, the Rust SDK's `StorageControl` and
+//! `Storage::open_object`) against any plaintext
 //! HTTP/2 endpoint (the in-repo mock GCS directly, or a proxy in front of
 //! it), checked by the reports and by what the mock holds.
 //!
@@ -122,6 +123,9 @@ impl GrpcSpec {
 pub enum GrpcClient {
     Go,
     Rust,
+    /// Google's Java client over gRPC (`StorageOptions.grpc()`): the Go
+    /// scenario's steps and report, checked by [`check_go`].
+    Java,
 }
 
 impl GrpcClient {
@@ -129,6 +133,29 @@ impl GrpcClient {
         match self {
             GrpcClient::Go => "go",
             GrpcClient::Rust => "rust",
+            GrpcClient::Java => "java",
+        }
+    }
+
+    /// The command that runs the scenario with `spec` (the endpoint is
+    /// given in the environment).
+    fn command(self, program: &Path, spec: &Path) -> Command {
+        match self {
+            GrpcClient::Go | GrpcClient::Rust => {
+                let mut cmd = Command::new(program);
+                cmd.arg("--grpc").arg(spec);
+                cmd
+            }
+            GrpcClient::Java => {
+                let classpath = format!(
+                    "{}:{}/*",
+                    program.join("classes").display(),
+                    program.join("lib").display()
+                );
+                let mut cmd = Command::new("java");
+                cmd.args(["-cp", &classpath, "GrpcScenario"]).arg(spec);
+                cmd
+            }
         }
     }
 }
@@ -148,12 +175,10 @@ pub fn run_grpc_client(
         .with_context(|| format!("install.sh printed no {}=", client.name()))?;
     let endpoint_value = match client {
         GrpcClient::Go => endpoint.trim_start_matches("http://").to_owned(),
-        GrpcClient::Rust => endpoint.to_owned(),
+        GrpcClient::Rust | GrpcClient::Java => endpoint.to_owned(),
     };
-    let mut cmd = Command::new(program);
-    cmd.arg("--grpc")
-        .arg(&spec.spec_path)
-        .env("BUCKETMAP_TEST_GRPC_ENDPOINT", endpoint_value)
+    let mut cmd = client.command(&program, &spec.spec_path);
+    cmd.env("BUCKETMAP_TEST_GRPC_ENDPOINT", endpoint_value)
         .env("NO_PROXY", "127.0.0.1,localhost")
         .env("no_proxy", "127.0.0.1,localhost")
         .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
@@ -202,7 +227,7 @@ fn digest_of(data: &[u8]) -> Result<Value> {
     Ok(json!({ "len": data.len(), "sha256": sha256_hex(data)? }))
 }
 
-/// Checks the Go report and the mock: the written objects hold the bytes,
+/// Checks the Go (or Java) report and the mock: the written objects hold the bytes,
 /// reads and listings saw them, the deleted one is gone.
 pub fn check_go(
     checks: &mut Checks,
