@@ -14,7 +14,8 @@
 //!
 //! gcsfs, the Python filesystem most data tools reach GCS through, speaks
 //! the JSON API with its own client: it runs the same operations through the
-//! sidecar and directly, and every outcome must be the same.
+//! sidecar and directly, and every outcome must be the same. So does
+//! rclone, whose GCS backend is Google's generated Go JSON API client.
 //!
 //! The client installs are cached (see sidecar/tests/clients/install.sh);
 //! the first run builds them from the registries.
@@ -23,8 +24,10 @@ mod common;
 
 use common::checks::Checks;
 use common::gcsfs::{check_same_steps, check_sidecar_side, run_gcsfs};
+use common::rclone::{check_rclone_sidecar_side, check_same_outcomes, run_rclone};
 use common::report::{check_report, check_upstream};
 use common::scenario::{Client, Scenario, run_client};
+use common::world::FORBIDDEN;
 use common::world::World;
 
 fn run(client: Client, world: World) {
@@ -140,4 +143,27 @@ fn gcsfs_through_sidecar_does_what_it_does_directly() {
         (_, Err(e)) => checks.fail(format!("through the sidecar: {e:#}")),
     }
     checks.finish("gcsfs through the sidecar", &world.diagnostics());
+}
+
+#[test]
+fn rclone_through_sidecar_does_what_it_does_directly() {
+    let direct = World::direct("rclone-direct").expect("start fake-gcs-server");
+    let world =
+        World::through_sidecar("rclone", &[]).expect("start fake-gcs-server and the sidecar");
+    let mut checks = Checks::default();
+    let physical = world.physical("photos").to_owned();
+    match (
+        run_rclone(&direct, FORBIDDEN[1]),
+        run_rclone(&world, &physical),
+    ) {
+        (Ok((want, _, _)), Ok((got, own, raw))) => {
+            check_same_outcomes(&mut checks, &want, &got);
+            if let Err(e) = check_rclone_sidecar_side(&mut checks, &world, &own, &raw) {
+                checks.fail(format!("cannot read the upstream state: {e:#}"));
+            }
+        }
+        (Err(e), _) => checks.fail(format!("directly: {e:#}")),
+        (_, Err(e)) => checks.fail(format!("through the sidecar: {e:#}")),
+    }
+    checks.finish("rclone through the sidecar", &world.diagnostics());
 }

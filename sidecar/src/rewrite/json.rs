@@ -60,7 +60,7 @@ pub fn rewrite_json_body(
     hint: Resource,
     tr: &Translator<'_>,
 ) -> Result<JsonBody, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if super::strict::is_no_document(body) {
         return Ok(JsonBody::Unchanged);
     }
     let Ok(text) = std::str::from_utf8(body) else {
@@ -704,18 +704,21 @@ mod tests {
             b"{\"bucket\": \"photos\"",
             b"{\"bucket\": \"photos\"} {}",
             b"\xff{}",
-            b"null",
+            b"nul",
         ];
         for body in unreadable {
             let got = rewrite_json_bytes(body, Resource::Object, &to_physical)
                 .map_err(|e| e.status.as_u16());
             assert_eq!(got, Err(400), "{}", String::from_utf8_lossy(body));
         }
-        assert_eq!(
-            rewrite_json_bytes(b" \n", Resource::Object, &to_physical).ok(),
-            Some(None),
-            "an empty body is sent as it is"
-        );
+        for nothing in [&b" \n"[..], b"null", b" null\n"] {
+            assert_eq!(
+                rewrite_json_bytes(nothing, Resource::Object, &to_physical).ok(),
+                Some(None),
+                "no document is sent as it is: {}",
+                String::from_utf8_lossy(nothing)
+            );
+        }
     }
 
     #[test]

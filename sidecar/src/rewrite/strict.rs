@@ -15,10 +15,19 @@ use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Seq
 
 use crate::errors::ApiError;
 
-/// Checks a JSON request body. An empty (or all-whitespace) body passes:
-/// it names no bucket. `kind` is the `kind` of the request schema, if it has one.
+/// Whether a JSON body is empty, all whitespace, or the literal `null`:
+/// no document, so no bucket name. Google's Go API clients send `null` for
+/// an optional request body they were given no object for (rclone's
+/// `objects.rewrite` and `objects.copy`), and GCS takes it as no body.
+pub fn is_no_document(body: &[u8]) -> bool {
+    matches!(body.trim_ascii(), b"" | b"null")
+}
+
+/// Checks a JSON request body. An empty (or all-whitespace) body, or
+/// `null`, passes: it names no bucket ([`is_no_document`]). `kind` is the
+/// `kind` of the request schema, if it has one.
 pub fn check_request_json(body: &[u8], kind: Option<&str>) -> Result<(), ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if is_no_document(body) {
         return Ok(());
     }
     let refuse = |why: String| {
@@ -201,6 +210,9 @@ mod tests {
         for body in [
             "",
             "  \n",
+            // Google's Go API clients (rclone) send `null` for no object.
+            "null",
+            " null\n",
             r#"{"bucket":"photos","metadata":{"a":"1","A2":"x"}}"#,
             r#"{"kind":"storage#object","acl":[{"bucket":"photos"},{"bucket":"logs"}]}"#,
             r#"  {"name":"x"}  "#,
@@ -215,7 +227,9 @@ mod tests {
 
     #[test]
     fn bodies_the_rewriter_could_misread_are_refused() {
-        let cases: [(&[u8], &str); 11] = [
+        let cases: [(&[u8], &str); 13] = [
+            (b"null null", "one JSON object"),
+            (b"nullx", "one JSON object"),
             (
                 br#"{"error":{"message":"x"},"bucket":"other"}"#,
                 "`error` member",

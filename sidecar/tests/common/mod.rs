@@ -12,6 +12,7 @@ pub mod grpc_world;
 pub mod http;
 pub mod mapping_dir;
 pub mod procs;
+pub mod rclone;
 pub mod report;
 pub mod scenario;
 pub mod world;

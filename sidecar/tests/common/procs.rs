@@ -24,7 +24,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// Run an install script and return the last line of its stdout.
-fn run_install(script: &Path, args: &[&str]) -> Result<String> {
+pub fn run_install(script: &Path, args: &[&str]) -> Result<String> {
     let started = Instant::now();
     let out = Command::new("bash")
         .arg(script)
