@@ -14,7 +14,7 @@
 //! namespaces, or the one `--namespace` names).
 
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::admission::{AdmissionResponse, AdmissionReview, Operation};
 use tracing::warn;
 
 use crate::crd::FINALIZER;
@@ -27,13 +27,9 @@ pub fn review(
     review: AdmissionReview<DynamicObject>,
     watched: Option<&str>,
 ) -> AdmissionReview<DynamicObject> {
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+    let request = match super::admission_request(review) {
         Ok(r) => r,
-        Err(e) => {
-            warn!(error = %e, "malformed AdmissionReview");
-            return AdmissionResponse::invalid(format!("malformed AdmissionReview: {e}"))
-                .into_review();
-        }
+        Err(answer) => return *answer,
     };
     let response = AdmissionResponse::from(&request);
     let finalizers = request
@@ -74,6 +70,7 @@ fn patch(finalizers: &[String]) -> Option<json_patch::Patch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::core::admission::AdmissionRequest;
 
     fn admission(operation: &str, metadata: serde_json::Value) -> AdmissionReview<DynamicObject> {
         serde_json::from_value(serde_json::json!({

@@ -28,18 +28,27 @@ use tracing::{info, warn};
 pub use inject::InjectionConfig;
 use tls::CertResolver;
 
+/// The request of an AdmissionReview, or the answer to a malformed one
+/// (logged): both webhooks read their reviews through it.
+fn admission_request(
+    review: AdmissionReview<DynamicObject>,
+) -> Result<AdmissionRequest<DynamicObject>, Box<AdmissionReview<DynamicObject>>> {
+    review.try_into().map_err(|e| {
+        warn!(error = %e, "malformed AdmissionReview");
+        Box::new(
+            AdmissionResponse::invalid(format!("malformed AdmissionReview: {e}")).into_review(),
+        )
+    })
+}
+
 /// Answers one AdmissionReview.
 pub fn review(
     review: AdmissionReview<DynamicObject>,
     cfg: &InjectionConfig,
 ) -> AdmissionReview<DynamicObject> {
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+    let request = match admission_request(review) {
         Ok(r) => r,
-        Err(e) => {
-            warn!(error = %e, "malformed AdmissionReview");
-            return AdmissionResponse::invalid(format!("malformed AdmissionReview: {e}"))
-                .into_review();
-        }
+        Err(answer) => return *answer,
     };
     let mut response = AdmissionResponse::from(&request);
     let pod = request
