@@ -595,19 +595,22 @@ mod tests {
                 .expect_err(content_type);
             assert_eq!(error.status, StatusCode::BAD_GATEWAY, "{content_type}");
         }
+        let translate = |body: &str| {
+            translate_response(
+                body.as_bytes(),
+                "multipart/mixed; boundary=resp",
+                &plan,
+                &tr,
+            )
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
         // A part that is not an HTTP response becomes a 502 for that part.
         let garbled = "--resp\r\nContent-ID: <response-a+1>\r\n\r\n\
             {\"bucket\":\"photos-k3x9q2mw\"}\r\n\
             --resp\r\nContent-ID: <response-a+3>\r\n\r\n\
             HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"kind\":\"storage#object\",\"bucket\":\"logs-aaaa1111\",\"name\":\"z\"}\r\n--resp--\r\n";
-        let out = translate_response(
-            garbled.as_bytes(),
-            "multipart/mixed; boundary=resp",
-            &plan,
-            &tr,
-        )
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_else(|e| panic!("{e}"));
+        let out = translate(garbled);
         assert!(!out.contains("k3x9q2mw"), "{out}");
         assert!(out.contains("HTTP/1.1 502 Bad Gateway"), "{out}");
         assert!(out.contains("not an HTTP response"), "{out}");
@@ -622,14 +625,7 @@ mod tests {
             HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"bucket\":\"photos-k3x9q2mw\r\n\
             --resp\r\nContent-ID: <response-a+3>\r\n\r\n\
             HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n\r\n<p>photos-k3x9q2mw</p>\r\n--resp--\r\n";
-        let out = translate_response(
-            unreadable.as_bytes(),
-            "multipart/mixed; boundary=resp",
-            &plan,
-            &tr,
-        )
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_else(|e| panic!("{e}"));
+        let out = translate(unreadable);
         assert!(!out.contains("k3x9q2mw"), "{out}");
         assert!(out.contains("HTTP/1.1 502 Bad Gateway"), "{out}");
         assert!(out.contains("HTTP/1.1 404 Not Found"), "{out}");

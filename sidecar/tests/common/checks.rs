@@ -3,6 +3,8 @@
 
 use std::fmt::Debug;
 
+use serde_json::Value;
+
 #[derive(Default)]
 pub struct Checks {
     pub failures: Vec<String>,
@@ -40,5 +42,27 @@ impl Checks {
                 list.join("\n")
             );
         }
+    }
+}
+
+/// A tool's steps through the sidecar have the outcomes they had straight
+/// against the emulator (`direct`: at least `min_steps` of them, each a
+/// JSON object with `step` and `ok`); directly, only the `missing*` steps
+/// fail.
+pub fn check_same_outcomes(c: &mut Checks, direct: &[Value], sidecar: &[Value], min_steps: usize) {
+    c.check(direct.len() >= min_steps, || {
+        format!("{} steps reported, want {min_steps}", direct.len())
+    });
+    c.eq("number of steps", sidecar.len(), direct.len());
+    for (want, got) in direct.iter().zip(sidecar) {
+        c.eq(&format!("step {}", want["step"]), got, want);
+    }
+    for step in direct {
+        let failed_on_purpose = step["step"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("missing"));
+        c.check(step["ok"] == Value::Bool(!failed_on_purpose), || {
+            format!("directly, step {step} has the wrong outcome")
+        });
     }
 }

@@ -24,7 +24,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// Run an install script and return the last line of its stdout.
-pub fn run_install(script: &Path, args: &[&str]) -> Result<String> {
+fn run_install(script: &Path, args: &[&str]) -> Result<String> {
     let started = Instant::now();
     let out = Command::new("bash")
         .arg(script)
@@ -47,17 +47,23 @@ pub fn run_install(script: &Path, args: &[&str]) -> Result<String> {
     Ok(stdout.trim_end().to_owned())
 }
 
-/// The fake-gcs-server binary, built once from tools/fake-gcs-server.
-pub fn fake_gcs_server_bin() -> Result<PathBuf> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let script = repo_root().join("tools/fake-gcs-server/install.sh");
+/// The binary a `tools/NAME/install.sh` script prints, installed once per
+/// test process (`cell` keeps it).
+pub fn tool_bin(cell: &OnceLock<Result<PathBuf, String>>, name: &str) -> Result<PathBuf> {
+    cell.get_or_init(|| {
+        let script = repo_root().join(format!("tools/{name}/install.sh"));
         run_install(&script, &[])
             .map(|out| PathBuf::from(out.lines().last().unwrap_or_default()))
             .map_err(|e| format!("{e:#}"))
     })
     .clone()
     .map_err(|e| anyhow!(e))
+}
+
+/// The fake-gcs-server binary, built once from tools/fake-gcs-server.
+pub fn fake_gcs_server_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    tool_bin(&BIN, "fake-gcs-server")
 }
 
 /// Installed client programs: `python` (venv interpreter), `go` (scenario

@@ -16,7 +16,6 @@
 
 import com.google.api.core.ApiFuture;
 import com.google.cloud.NoCredentials;
-import com.google.cloud.ReadChannel;
 import com.google.cloud.WriteChannel;
 import com.google.cloud.storage.Blob;
 import com.google.cloud.storage.BlobId;
@@ -27,12 +26,9 @@ import com.google.cloud.storage.ReadProjectionConfigs;
 import com.google.cloud.storage.Storage;
 import com.google.cloud.storage.StorageException;
 import com.google.cloud.storage.StorageOptions;
-import com.google.gson.Gson;
-import com.google.gson.GsonBuilder;
 import com.google.gson.JsonArray;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
-import java.io.ByteArrayOutputStream;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -44,10 +40,6 @@ import java.util.Map;
 import java.util.concurrent.TimeUnit;
 
 public final class GrpcScenario {
-  interface Step {
-    JsonObject run() throws Exception;
-  }
-
   private final JsonObject spec;
   private final Storage storage;
   private final JsonObject steps = new JsonObject();
@@ -63,20 +55,8 @@ public final class GrpcScenario {
     return spec.getAsJsonObject("objects").get(key).getAsString();
   }
 
-  void step(String name, Step fn) {
-    JsonObject out;
-    try {
-      out = fn.run();
-      if (out == null) {
-        out = new JsonObject();
-      }
-      out.addProperty("ok", true);
-    } catch (Throwable e) {
-      out = new JsonObject();
-      out.addProperty("ok", false);
-      out.add("error", errorOf(e));
-    }
-    steps.add(name, out);
+  void step(String name, Scenario.Step fn) {
+    Scenario.record(steps, name, fn, GrpcScenario::errorOf);
   }
 
   /// Scenario.errorOf plus the gRPC status code, and whether it says
@@ -120,20 +100,7 @@ public final class GrpcScenario {
   }
 
   JsonObject read(String name, long start, long length) throws Exception {
-    try (ReadChannel reader = storage.reader(BlobId.of(photos, name))) {
-      reader.seek(start);
-      if (length >= 0) {
-        reader.limit(start + length);
-      }
-      ByteArrayOutputStream out = new ByteArrayOutputStream();
-      ByteBuffer buf = ByteBuffer.allocate(1 << 20);
-      while (reader.read(buf) >= 0) {
-        buf.flip();
-        out.write(buf.array(), 0, buf.limit());
-        buf.clear();
-      }
-      return Scenario.with("data", Scenario.digest(out.toByteArray()));
-    }
+    return Scenario.with("data", Scenario.digest(Scenario.readRange(storage, BlobId.of(photos, name), start, length)));
   }
 
   JsonObject bidiRead(String name, long start, long length) throws Exception {
@@ -239,8 +206,7 @@ public final class GrpcScenario {
     report.addProperty("api", "grpc");
     report.addProperty("endpoint", endpoint);
     report.add("steps", s.steps);
-    Gson gson = new GsonBuilder().setPrettyPrinting().serializeNulls().disableHtmlEscaping().create();
-    System.out.println(gson.toJson(report));
+    Scenario.print(report);
     storage.close();
   }
 }

@@ -41,6 +41,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.function.Function;
 
 public final class Scenario {
   interface Step {
@@ -108,6 +109,13 @@ public final class Scenario {
   }
 
   void step(String name, Step fn) {
+    record(steps, name, fn, Scenario::errorOf);
+  }
+
+  /// Runs one step and adds its outcome to `steps` under `name`: what it
+  /// returned with "ok": true, or "ok": false and the error as `describe`
+  /// reports it. A failing step is recorded and the scenario goes on.
+  static void record(JsonObject steps, String name, Step fn, Function<Throwable, JsonObject> describe) {
     JsonObject out;
     try {
       out = fn.run();
@@ -118,9 +126,15 @@ public final class Scenario {
     } catch (Throwable e) {
       out = new JsonObject();
       out.addProperty("ok", false);
-      out.add("error", errorOf(e));
+      out.add("error", describe.apply(e));
     }
     steps.add(name, out);
+  }
+
+  /// Prints a report as the Rust tests read it: pretty JSON, nulls kept.
+  static void print(JsonObject report) {
+    Gson gson = new GsonBuilder().setPrettyPrinting().serializeNulls().disableHtmlEscaping().create();
+    System.out.println(gson.toJson(report));
   }
 
   String object(String key) {
@@ -133,10 +147,14 @@ public final class Scenario {
     return out;
   }
 
-  byte[] readRange(BlobId id, long start, long length) throws Exception {
+  /// The bytes of `id` from `start`, `length` of them (to the end when
+  /// negative), read through a ReadChannel.
+  static byte[] readRange(Storage storage, BlobId id, long start, long length) throws Exception {
     try (ReadChannel reader = storage.reader(id)) {
       reader.seek(start);
-      reader.limit(start + length);
+      if (length >= 0) {
+        reader.limit(start + length);
+      }
       ByteArrayOutputStream out = new ByteArrayOutputStream();
       ByteBuffer buf = ByteBuffer.allocate(64 * 1024);
       while (reader.read(buf) >= 0) {
@@ -240,7 +258,7 @@ public final class Scenario {
       JsonObject range = spec.getAsJsonObject("range");
       long start = range.get("start").getAsLong();
       long length = range.get("length").getAsLong();
-      return with("range", digest(readRange(BlobId.of(photos, object("large")), start, length)));
+      return with("range", digest(readRange(storage, BlobId.of(photos, object("large")), start, length)));
     });
 
     step("list_delimited", () -> list(true));
@@ -329,8 +347,7 @@ public final class Scenario {
     report.addProperty("library", "com.google.cloud:google-cloud-storage " + storage.getOptions().getLibraryVersion());
     report.addProperty("endpoint", endpoint);
     report.add("steps", s.steps);
-    Gson gson = new GsonBuilder().setPrettyPrinting().serializeNulls().disableHtmlEscaping().create();
-    System.out.println(gson.toJson(report));
+    print(report);
     storage.close();
   }
 }
