@@ -765,10 +765,11 @@ fn translate_metadata(
 
 /// A JSON or XML answer the rewriter cannot read as a resource (fail
 /// closed). A body that is not UTF-8, or a success that is not well-formed
-/// (`well_formed`: JSON of another shape than an object, such as the
-/// emulator's `null` for a delete), is refused with a 502: what cannot be
-/// read cannot be translated, and may carry physical names. Otherwise every
-/// token that names a bucket is translated, as in a text error.
+/// (`well_formed`: JSON of another shape than an object, such as an array;
+/// `null` never gets here, it is no document), is refused with a 502: what
+/// cannot be read cannot be translated, and may carry physical names.
+/// Otherwise every token that names a bucket is translated, as in a text
+/// error.
 pub(crate) fn unreadable_answer(
     status: StatusCode,
     bytes: &[u8],
