@@ -3,7 +3,7 @@
 //!
 //! Documents are not parsed into a tree. Each object on the way to a field
 //! that may name a bucket is split into its members, borrowed from the body
-//! ([`RawValue`]); members that need no change are copied back byte for byte
+//! ([`scan`]); members that need no change are copied back byte for byte
 //! and only the rewritten ones are serialised anew. A metadata response is
 //! rewritten on every proxied request, and this keeps that cost to a scan of
 //! the body plus the few fields that change.
@@ -11,9 +11,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use serde::de::{self, Deserialize, Deserializer, Visitor};
 
+use super::scan;
 use super::text::replace_bucket_tokens;
 use super::url::rewrite_url;
 use super::{Direction, Translator};
@@ -124,12 +124,8 @@ fn kind_resource(kind: &str) -> Option<Resource> {
 }
 
 /// A resource nested in a document; `None` when it is unchanged or not an object.
-fn resource(
-    value: &RawValue,
-    hint: Resource,
-    tr: &Translator<'_>,
-) -> Result<Option<Vec<u8>>, ApiError> {
-    let Some(mut obj) = Object::parse(value) else {
+fn resource(value: &str, hint: Resource, tr: &Translator<'_>) -> Result<Option<Vec<u8>>, ApiError> {
+    let Some(mut obj) = Object::parse_str(value) else {
         return Ok(None);
     };
     resource_members(&mut obj, hint, tr)?;
@@ -192,7 +188,7 @@ fn bucket_list_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), 
     let hide = tr.direction == Direction::ToLogical && !tr.shows_unmapped();
     obj.each_array("items", |item| {
         if hide
-            && let Some(bucket) = Object::parse(item)
+            && let Some(bucket) = Object::parse_str(item)
             && let Some(name) = bucket.string("name")
             && tr.mapping.logical(&name).is_none()
         {
@@ -209,7 +205,7 @@ fn bucket_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiEr
     lenient(obj, "id", tr);
     link(obj, "selfLink", tr);
     obj.each_value("logging", |logging| {
-        let Some(mut logging) = Object::parse(logging) else {
+        let Some(mut logging) = Object::parse_str(logging) else {
             return Ok(None);
         };
         strict(&mut logging, "logBucket", tr)?;
@@ -291,15 +287,15 @@ fn resource_name(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) -> Result
 }
 
 /// The `error` object of an error document: bucket names in its messages.
-fn rewrite_error(error: &RawValue, tr: &Translator<'_>) -> Option<Vec<u8>> {
-    let mut error = Object::parse(error)?;
+fn rewrite_error(error: &str, tr: &Translator<'_>) -> Option<Vec<u8>> {
+    let mut error = Object::parse_str(error)?;
     let message = |text: &str| {
         let new = replace_bucket_tokens(text, |name| tr.bucket_lenient(name));
         Ok(matches!(new, Cow::Owned(_)).then(|| new.into_owned()))
     };
     let _ = error.each_string("message", message);
     let _ = error.each_array("errors", |entry| {
-        let Some(mut entry) = Object::parse(entry) else {
+        let Some(mut entry) = Object::parse_str(entry) else {
             return Ok(Element::Keep);
         };
         entry.each_string("message", message)?;
@@ -318,7 +314,7 @@ struct Object<'a> {
 
 enum Member<'a> {
     /// The value as it came, byte for byte.
-    Raw(&'a RawValue),
+    Raw(&'a str),
     /// The value rewritten, serialised.
     New(Vec<u8>),
 }
@@ -337,22 +333,14 @@ impl From<Option<Vec<u8>>> for Element {
 }
 
 impl<'a> Object<'a> {
-    /// `None` when `value` is not an object.
-    fn parse(value: &'a RawValue) -> Option<Self> {
-        Self::parse_str(value.get())
-    }
-
     /// `None` when `text` is not a JSON object (whole documents included:
     /// trailing garbage fails).
     fn parse_str(text: &'a str) -> Option<Self> {
-        if !text.trim_start().starts_with('{') {
-            return None;
-        }
-        let Members(members) = serde_json::from_str(text).ok()?;
+        let members = scan::object_members(text)?;
         Some(Object {
             members: members
                 .into_iter()
-                .map(|(key, raw)| (key, Member::Raw(raw)))
+                .map(|(key, raw)| (Text(key), Member::Raw(raw)))
                 .collect(),
             changed: false,
         })
@@ -368,7 +356,7 @@ impl<'a> Object<'a> {
 
     fn has_object(&self, key: &str) -> bool {
         self.members.iter().any(|(k, member)| {
-            k.0 == key && matches!(member, Member::Raw(raw) if raw.get().starts_with('{'))
+            k.0 == key && matches!(member, Member::Raw(raw) if raw.starts_with('{'))
         })
     }
 
@@ -376,7 +364,7 @@ impl<'a> Object<'a> {
     fn each_value(
         &mut self,
         key: &str,
-        mut f: impl FnMut(&'a RawValue) -> Result<Option<Vec<u8>>, ApiError>,
+        mut f: impl FnMut(&'a str) -> Result<Option<Vec<u8>>, ApiError>,
     ) -> Result<(), ApiError> {
         for (k, member) in &mut self.members {
             if k.0 == key
@@ -406,23 +394,23 @@ impl<'a> Object<'a> {
     fn each_array(
         &mut self,
         key: &str,
-        mut f: impl FnMut(&'a RawValue) -> Result<Element, ApiError>,
+        mut f: impl FnMut(&'a str) -> Result<Element, ApiError>,
     ) -> Result<(), ApiError> {
         self.each_value(key, |raw| {
-            if !raw.get().starts_with('[') {
+            if !raw.starts_with('[') {
                 return Ok(None);
             }
-            let Ok(elements) = serde_json::from_str::<Vec<&'a RawValue>>(raw.get()) else {
+            let Some(elements) = scan::array_elements(raw) else {
                 return Ok(None);
             };
-            let mut out = Vec::with_capacity(raw.get().len());
+            let mut out = Vec::with_capacity(raw.len());
             let mut changed = false;
             out.push(b'[');
             for element in elements {
                 let new = f(element)?;
                 changed |= !matches!(new, Element::Keep);
                 let bytes = match &new {
-                    Element::Keep => element.get().as_bytes(),
+                    Element::Keep => element.as_bytes(),
                     Element::Replace(bytes) => bytes,
                     Element::Drop => continue,
                 };
@@ -448,7 +436,7 @@ impl<'a> Object<'a> {
                 k.0.len()
                     + 4
                     + match m {
-                        Member::Raw(raw) => raw.get().len(),
+                        Member::Raw(raw) => raw.len(),
                         Member::New(bytes) => bytes.len(),
                     }
             })
@@ -470,7 +458,7 @@ impl<'a> Object<'a> {
             }
             out.push(b':');
             match member {
-                Member::Raw(raw) => out.extend_from_slice(raw.get().as_bytes()),
+                Member::Raw(raw) => out.extend_from_slice(raw.as_bytes()),
                 Member::New(bytes) => out.extend_from_slice(bytes),
             }
         }
@@ -480,8 +468,8 @@ impl<'a> Object<'a> {
 }
 
 /// A JSON string value, borrowed when it has no escapes.
-fn string_value(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
+fn string_value(raw: &str) -> Option<Cow<'_, str>> {
+    let text = raw;
     if !text.starts_with('"') {
         return None;
     }
@@ -544,29 +532,6 @@ impl<'de> Deserialize<'de> for Text<'de> {
     }
 }
 
-/// An object's members, in order, values borrowed unparsed.
-struct Members<'a>(Vec<(Text<'a>, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Members<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MembersVisitor;
-        impl<'de> Visitor<'de> for MembersVisitor {
-            type Value = Members<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(32));
-                while let Some(entry) = map.next_entry::<Text<'de>, &'de RawValue>()? {
-                    members.push(entry);
-                }
-                Ok(Members(members))
-            }
-        }
-        deserializer.deserialize_map(MembersVisitor)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
@@ -579,7 +544,7 @@ mod tests {
         fn strings_are_written_and_read_as_serde_json_does(text in "\\PC{0,12}|[\"\\\\\\x00-\\x1fa/é]{0,8}") {
             let written = json_string(&text);
             proptest::prop_assert_eq!(&written, &serde_json::to_vec(&text).unwrap_or_default());
-            let raw: &RawValue = serde_json::from_slice(&written).unwrap_or_else(|e| panic!("{e}"));
+            let raw = std::str::from_utf8(&written).unwrap_or_else(|e| panic!("{e}"));
             let read = string_value(raw);
             proptest::prop_assert_eq!(read.as_deref(), Some(text.as_str()));
         }

@@ -7,6 +7,7 @@
 //! mapping does not know are left alone (or dropped from bucket lists).
 
 pub mod json;
+mod scan;
 pub mod strict;
 pub mod text;
 pub mod url;
