@@ -336,12 +336,9 @@ impl<'a> Object<'a> {
     /// `None` when `text` is not a JSON object (whole documents included:
     /// trailing garbage fails).
     fn parse_str(text: &'a str) -> Option<Self> {
-        let members = scan::object_members(text)?;
+        let members = scan::object_members(text, |key, raw| (Text(key), Member::Raw(raw)))?;
         Some(Object {
-            members: members
-                .into_iter()
-                .map(|(key, raw)| (Text(key), Member::Raw(raw)))
-                .collect(),
+            members,
             changed: false,
         })
     }
@@ -484,7 +481,7 @@ fn string_value(raw: &str) -> Option<Cow<'_, str>> {
 
 fn json_string(text: &str) -> Vec<u8> {
     // Nothing to escape (the usual case: names, ids, links): quotes around.
-    if !text.bytes().any(|b| ESCAPED[usize::from(b)]) {
+    if scan::plain_run(text.as_bytes()) == text.len() {
         let mut out = Vec::with_capacity(text.len() + 2);
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
@@ -494,17 +491,6 @@ fn json_string(text: &str) -> Vec<u8> {
     // Serialising a string cannot fail.
     serde_json::to_vec(text).unwrap_or_default()
 }
-
-/// The bytes a JSON string escapes: control characters, `"` and `\\`.
-static ESCAPED: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut i = 0;
-    while i < 256 {
-        table[i] = i < 0x20 || i == b'"' as usize || i == b'\\' as usize;
-        i += 1;
-    }
-    table
-};
 
 /// A JSON string (a member's key or a string value), borrowed from the body
 /// when it has no escapes, owned otherwise.

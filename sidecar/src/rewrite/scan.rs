@@ -19,9 +19,13 @@ use std::borrow::Cow;
 use smallvec::SmallVec;
 
 /// The members of the JSON object `text` (leading and trailing whitespace
-/// allowed, nothing else): keys decoded, values as their exact text.
-/// `None` when `text` is not exactly one well-formed JSON object.
-pub(super) fn object_members(text: &str) -> Option<Vec<(Cow<'_, str>, &str)>> {
+/// allowed, nothing else), each made by `member` of its key, decoded, and
+/// its value's exact text. `None` when `text` is not exactly one
+/// well-formed JSON object.
+pub(super) fn object_members<'a, T>(
+    text: &'a str,
+    mut member: impl FnMut(Cow<'a, str>, &'a str) -> T,
+) -> Option<Vec<T>> {
     let mut scan = Scanner::new(text);
     scan.open(b'{')?;
     let mut members = Vec::with_capacity(24);
@@ -29,7 +33,7 @@ pub(super) fn object_members(text: &str) -> Option<Vec<(Cow<'_, str>, &str)>> {
         loop {
             let key = scan.member_key()?;
             let value = scan.value()?;
-            members.push((key, value));
+            members.push(member(key, value));
             if !scan.next_or_close(b'}')? {
                 break;
             }
@@ -285,10 +289,11 @@ impl<'a> Scanner<'a> {
 
 /// How many bytes at the start of `bytes` are plain string characters:
 /// not the closing quote, not an escape, not a control character (below
-/// U+0020, which a string may not hold unescaped). Eight bytes at a time,
+/// U+0020, which a string may not hold unescaped): the bytes JSON writes as
+/// they are. Eight bytes at a time,
 /// as serde_json skips strings (the "has a zero byte" test of each word
 /// against `"`, `\\` and the control range).
-fn plain_run(bytes: &[u8]) -> usize {
+pub(super) fn plain_run(bytes: &[u8]) -> usize {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES << 7;
     let mut at = 0;
@@ -365,7 +370,7 @@ mod tests {
     }
 
     fn ours(text: &str) -> Option<Vec<(String, &str)>> {
-        object_members(text).map(|m| m.into_iter().map(|(k, v)| (k.into_owned(), v)).collect())
+        object_members(text, |k, v| (k.into_owned(), v))
     }
 
     fn check(text: &str) -> Result<(), TestCaseError> {
@@ -502,8 +507,8 @@ mod tests {
         for text in cases {
             check(text).unwrap_or_else(|e| panic!("{e}"));
         }
-        assert!(object_members(r#"{"a":{"b":[1,2]},"c":"d"}"#).is_some());
-        assert!(object_members(r#"{"a":{"b":[1,2}},"c":"d"}"#).is_none());
+        assert!(object_members(r#"{"a":{"b":[1,2]},"c":"d"}"#, |k, v| (k, v)).is_some());
+        assert!(object_members(r#"{"a":{"b":[1,2}},"c":"d"}"#, |k, v| (k, v)).is_none());
     }
 
     proptest! {
@@ -526,9 +531,9 @@ mod tests {
     fn deep_nesting_is_read_without_recursion() {
         let depth = 100_000;
         let text = format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth));
-        let members = object_members(&text).unwrap_or_else(|| panic!("well-formed"));
+        let members = object_members(&text, |k, v| (k, v)).unwrap_or_else(|| panic!("well-formed"));
         assert_eq!(members[0].1.len(), 2 * depth);
         let broken = format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth - 1));
-        assert!(object_members(&broken).is_none());
+        assert!(object_members(&broken, |k, v| (k, v)).is_none());
     }
 }
