@@ -40,6 +40,10 @@
 //! - TLS relay (TLS upstream): the same, but speaking TLS to the upstream
 //!   (HTTP/1.1 by ALPN) while taking plaintext, as the sidecar does: the
 //!   floor of any proxy in that position, TLS and copies and nothing else;
+//! - HTTP relay (plain upstreams, [`hyper_relay`]): this binary forwarding
+//!   each request with the sidecar's HTTP machinery (hyper server,
+//!   hyper-util pooled client, one tokio thread) and no logic: the floor of
+//!   any proxy built on hyper;
 //! - nginx and nginx-rewrite ([`nginx`]; Debian's nginx 1.22 from
 //!   `tools/nginx/install.sh`, skipped with a note when it cannot be had);
 //! - sidecar; on the TLS upstream twice, `--upstream-http 2` (one
@@ -61,9 +65,11 @@
 //!    (`VmHWM`) after 64 concurrent downloads and after 64 concurrent uploads,
 //!    with the aggregate throughput of those streams direct and proxied; in
 //!    front of the plain upstream and of the TLS one with either HTTP version;
-//! 5. instructions per metadata request through the relay and the sidecar,
-//!    counted by callgrind (skipped with a note without valgrind): the one
-//!    figure the machine's load does not move;
+//! 5. instructions per metadata request through the relay, the HTTP relay
+//!    (hyper, no logic: `hyper_relay.rs`), nginx-rewrite and the sidecar,
+//!    counted by callgrind (skipped with a note without
+//!    valgrind): the one figure the machine's load does not move, and the
+//!    user-space work the sidecar does beyond its peer's;
 //! 6. gRPC (`google.storage.v2` over h2c): the in-repo mock GCS in this
 //!    process (own thread and runtime) directly and through a sidecar with
 //!    `--grpc-upstream` pointing at it: unary `GetObject` latency
@@ -119,6 +125,7 @@ mod bodies;
 mod client;
 mod figures;
 mod grpc;
+mod hyper_relay;
 mod nginx;
 mod phases;
 mod procs;
@@ -131,6 +138,7 @@ use bodies::*;
 use client::*;
 use figures::*;
 use grpc::*;
+use hyper_relay::*;
 use nginx::*;
 use phases::*;
 use procs::*;
@@ -305,8 +313,8 @@ struct Peers<'a> {
     tls: &'a Tls,
 }
 
-/// Starts the paths to `upstream`: direct, the TCP or TLS relay,
-/// nginx plain and rewrite (when `nginx` is given), the sidecar (on a TLS
+/// Starts the paths to `upstream`: direct, the TCP or TLS relay, the HTTP
+/// relay (plain upstreams), nginx plain and rewrite (when `nginx` is given), the sidecar (on a TLS
 /// upstream twice: `--upstream-http 2` and `1.1`).
 async fn start_proxies(
     client: &HttpClient,
@@ -337,6 +345,10 @@ async fn start_proxies(
         PHYSICAL,
         start_relay(client, upstream.addr, ca_file, dir, tag, Launch::Plain).await?,
     );
+    if !upstream.tls {
+        let started = start_http_relay(client, upstream.addr, dir, tag, Launch::Plain).await?;
+        add(HTTP_RELAY, PHYSICAL, started);
+    }
     if let Some(bin) = nginx {
         let target = NginxUpstream {
             addr: upstream.addr,
@@ -349,12 +361,13 @@ async fn start_proxies(
             add(
                 label,
                 bucket,
-                start_nginx(client, bin, mode, &target, dir, tag).await?,
+                start_nginx(client, bin, mode, &target, dir, tag, Launch::Plain).await?,
             );
         }
     }
-    // The relay and the two nginx come first.
-    let sidecar = 1 + if nginx.is_some() { 2 } else { 0 };
+    // The relays and the two nginx come first.
+    let relays = if upstream.tls { 1 } else { 2 };
+    let sidecar = relays + if nginx.is_some() { 2 } else { 0 };
     if upstream.tls {
         let url = format!("https://{}", upstream.addr);
         let ca = tls.ca_file.to_string_lossy();
@@ -588,7 +601,8 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
     // Instruction counts.
     if settings.instructions {
         if callgrind_available() {
-            report.instructions = Some(instructions_phase(&client, upstream, dir).await?);
+            report.instructions =
+                Some(instructions_phase(&client, upstream, nginx.as_deref(), dir).await?);
         } else {
             report.notes.push(
                 "valgrind (callgrind) is not installed: no instruction counts (apt install valgrind)."
@@ -615,6 +629,9 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
 fn main() -> std::process::ExitCode {
     if let Ok(spec) = std::env::var(RELAY_ENV) {
         return relay_main(&spec);
+    }
+    if let Ok(spec) = std::env::var(HTTP_RELAY_ENV) {
+        return http_relay_main(&spec);
     }
     // `cargo bench` passes `--bench`; this harness takes no arguments.
     let settings = Settings::from_env();

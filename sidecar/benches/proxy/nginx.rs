@@ -112,6 +112,7 @@ pub(crate) async fn start_nginx(
     upstream: &NginxUpstream<'_>,
     dir: &Path,
     tag: &str,
+    launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
     let name = match mode {
         NginxMode::Plain => "nginx",
@@ -130,7 +131,7 @@ pub(crate) async fn start_nginx(
         |addr| {
             // A failed write shows as nginx failing to start, with its log.
             let _ = std::fs::write(&conf, nginx_conf(mode, upstream, addr, &prefix));
-            let mut cmd = Command::new(bin);
+            let mut cmd = launch.command(bin);
             cmd.arg("-p")
                 .arg(&prefix)
                 .arg("-e")

@@ -262,38 +262,68 @@ pub(crate) async fn memory_phase(
 /// Metadata requests counted per path under callgrind (after a warm-up).
 pub(crate) const COUNTED_REQUESTS: u64 = 2000;
 
-/// Instructions per proxied metadata request, relay and sidecar.
+/// Instructions per proxied metadata request: the relay, the HTTP relay,
+/// nginx-rewrite (when nginx is installed) and the sidecar.
 pub(crate) struct InstructionFigures {
     pub(crate) relay: u64,
+    pub(crate) http_relay: u64,
+    pub(crate) nginx_rewrite: Option<u64>,
     pub(crate) sidecar: u64,
 }
 
-/// Counts the instructions the relay and the sidecar execute per metadata
-/// request (sequential GETs through each, in front of the in-process
-/// upstream), with callgrind. Unlike times, these counts do not move with
-/// whatever else the machine runs, so they show changes in the proxy's own
-/// work exactly.
+/// Counts the instructions the relay, the HTTP relay, nginx-rewrite and the
+/// sidecar execute per metadata request (sequential GETs through each, in front of the
+/// in-process upstream), with callgrind. Unlike times, these counts do not
+/// move with whatever else the machine runs, so they show changes in the
+/// proxy's own work exactly, and how much more user-space work the sidecar
+/// does than the peer that does its job off the shelf (the kernel's share,
+/// the same two sockets per request for both, is not counted).
 pub(crate) async fn instructions_phase(
     client: &HttpClient,
     upstream: SocketAddr,
+    nginx: Option<&Path>,
     dir: &Path,
 ) -> Result<InstructionFigures> {
     let out = dir.join("callgrind-relay.out");
-    let (relay, addr) = start_relay(
-        client,
-        upstream,
-        None,
-        dir,
-        "callgrind",
-        Launch::Callgrind(&out),
-    )
-    .await?;
+    let launch = Launch::Callgrind(&out);
+    let (relay, addr) = start_relay(client, upstream, None, dir, "callgrind", launch).await?;
     let relay = count_instructions(client, relay, addr, PHYSICAL, &out).await?;
+    let out = dir.join("callgrind-http-relay.out");
+    let launch = Launch::Callgrind(&out);
+    let (proc, addr) = start_http_relay(client, upstream, dir, "callgrind", launch).await?;
+    let http_relay = count_instructions(client, proc, addr, PHYSICAL, &out).await?;
+    let nginx_rewrite = match nginx {
+        Some(bin) => {
+            let out = dir.join("callgrind-nginx-rewrite.out");
+            let target = NginxUpstream {
+                addr: upstream,
+                ca_file: None,
+            };
+            let launch = Launch::Callgrind(&out);
+            let (proc, addr) = start_nginx(
+                client,
+                bin,
+                NginxMode::Rewrite,
+                &target,
+                dir,
+                "callgrind",
+                launch,
+            )
+            .await?;
+            Some(count_instructions(client, proc, addr, LOGICAL, &out).await?)
+        }
+        None => None,
+    };
     let out = dir.join("callgrind-sidecar.out");
     let (sidecar, addr) =
         start_sidecar(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
     let sidecar = count_instructions(client, sidecar, addr, LOGICAL, &out).await?;
-    Ok(InstructionFigures { relay, sidecar })
+    Ok(InstructionFigures {
+        relay,
+        http_relay,
+        nginx_rewrite,
+        sidecar,
+    })
 }
 
 /// Instructions per metadata GET of `proc`, a proxy at `addr` running under
