@@ -27,7 +27,7 @@ pub(super) fn object_members<'a, T>(
     mut member: impl FnMut(Cow<'a, str>, &'a str) -> T,
 ) -> Option<Vec<T>> {
     let mut scan = Scanner::new(text);
-    scan.open(b'{')?;
+    scan.expect(b'{')?;
     let mut members = Vec::with_capacity(24);
     if !scan.close(b'}') {
         loop {
@@ -47,7 +47,7 @@ pub(super) fn object_members<'a, T>(
 /// when `text` is not exactly one well-formed JSON array.
 pub(super) fn array_elements(text: &str) -> Option<Vec<&str>> {
     let mut scan = Scanner::new(text);
-    scan.open(b'[')?;
+    scan.expect(b'[')?;
     let mut elements = Vec::new();
     if !scan.close(b']') {
         loop {
@@ -89,10 +89,6 @@ impl<'a> Scanner<'a> {
     fn expect(&mut self, byte: u8) -> Option<()> {
         self.whitespace();
         (self.peek() == Some(byte)).then(|| self.at += 1)
-    }
-
-    fn open(&mut self, bracket: u8) -> Option<()> {
-        self.expect(bracket)
     }
 
     /// Whitespace, then `bracket` if it comes (an empty container).
@@ -145,17 +141,22 @@ impl<'a> Scanner<'a> {
         self.whitespace();
         let start = self.at;
         match self.peek()? {
-            b'"' => {
-                self.string()?;
-            }
             b'{' | b'[' => self.container()?,
-            b'-' | b'0'..=b'9' => self.number()?,
-            b't' => self.literal(b"true")?,
-            b'f' => self.literal(b"false")?,
-            b'n' => self.literal(b"null")?,
-            _ => return None,
+            first => self.scalar(first)?,
         }
         Some(&self.text[start..self.at])
+    }
+
+    /// A string, number or literal starting with `first`.
+    fn scalar(&mut self, first: u8) -> Option<()> {
+        match first {
+            b'"' => self.string().map(drop),
+            b'-' | b'0'..=b'9' => self.number(),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => None,
+        }
     }
 
     /// An object or array from its opening bracket, nested to any depth
@@ -177,14 +178,7 @@ impl<'a> Scanner<'a> {
                         continue;
                     }
                 }
-                b'"' => {
-                    self.string()?;
-                }
-                b'-' | b'0'..=b'9' => self.number()?,
-                b't' => self.literal(b"true")?,
-                b'f' => self.literal(b"false")?,
-                b'n' => self.literal(b"null")?,
-                _ => return None,
+                first => self.scalar(first)?,
             }
             // A value ended: close what it ends, or go on after a comma.
             loop {
@@ -290,9 +284,8 @@ impl<'a> Scanner<'a> {
 /// How many bytes at the start of `bytes` are plain string characters:
 /// not the closing quote, not an escape, not a control character (below
 /// U+0020, which a string may not hold unescaped): the bytes JSON writes as
-/// they are. Eight bytes at a time,
-/// as serde_json skips strings (the "has a zero byte" test of each word
-/// against `"`, `\\` and the control range).
+/// they are. Eight bytes at a time, as serde_json skips strings (the "has a
+/// zero byte" test of each word against `"`, `\\` and the control range).
 pub(super) fn plain_run(bytes: &[u8]) -> usize {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES << 7;
