@@ -72,13 +72,7 @@ pub(crate) async fn start_http_relay(
     tag: &str,
     launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
-    let exe = std::env::current_exe().context("cannot find the bench binary")?;
-    let probe = format!("/storage/v1/b/{PHYSICAL}/o/x");
     let log = dir.join(format!("http-relay-{tag}"));
-    start_on_free_port(client, "http relay", &probe, &log, |addr| {
-        let mut cmd = launch.command(&exe);
-        cmd.env(HTTP_RELAY_ENV, format!("{addr},{upstream}"));
-        cmd
-    })
-    .await
+    let spec = |addr: SocketAddr| format!("{addr},{upstream}");
+    start_bench_child(client, "http relay", (HTTP_RELAY_ENV, spec), &log, launch).await
 }

@@ -323,17 +323,31 @@ pub(crate) async fn start_relay(
     tag: &str,
     launch: Launch<'_>,
 ) -> Result<(Proc, SocketAddr)> {
+    let log = dir.join(format!("relay-{tag}"));
+    let spec = |addr: SocketAddr| match ca_file {
+        Some(ca_file) => format!("{addr},{upstream},{}", ca_file.to_string_lossy()),
+        None => format!("{addr},{upstream}"),
+    };
+    start_bench_child(client, "relay", (RELAY_ENV, spec), &log, launch).await
+}
+
+/// Starts this bench binary again as the child `name` on a free port, told
+/// what to be by the environment variable `env.0` (set to `env.1` of the
+/// port's address); ready once a metadata GET of the physical bucket passes
+/// through it. The TCP, TLS and HTTP relays start this way.
+pub(crate) async fn start_bench_child(
+    client: &HttpClient,
+    name: &'static str,
+    env: (&str, impl Fn(SocketAddr) -> String),
+    log: &Path,
+    launch: Launch<'_>,
+) -> Result<(Proc, SocketAddr)> {
     let exe = std::env::current_exe().context("cannot find the bench binary")?;
     let probe = format!("/storage/v1/b/{PHYSICAL}/o/x");
-    let log = dir.join(format!("relay-{tag}"));
-    start_on_free_port(client, "relay", &probe, &log, |addr| {
+    let (var, spec) = env;
+    start_on_free_port(client, name, &probe, log, |addr| {
         let mut cmd = launch.command(&exe);
-        let mut spec = format!("{addr},{upstream}");
-        if let Some(ca_file) = ca_file {
-            spec.push(',');
-            spec.push_str(&ca_file.to_string_lossy());
-        }
-        cmd.env(RELAY_ENV, spec);
+        cmd.env(var, spec(addr));
         cmd
     })
     .await

@@ -79,43 +79,27 @@ impl Report {
 
 impl InstructionFigures {
     fn render(&self, out: &mut String) {
-        let relay = self.relay as f64;
-        let nr = self.nginx_rewrite.map(|n| n as f64);
-        let versus_nr = |count: u64| {
-            nr.map_or_else(String::new, |nr| format!("{:.2}×", ratio(count as f64, nr)))
-        };
         let _ = writeln!(
             out,
             "| path | instructions per request | vs relay | vs nginx-rewrite |"
         );
         let _ = writeln!(out, "|---|---|---|---|");
-        let _ = writeln!(
-            out,
-            "| via TCP relay | {} | 1.00× | {} |",
-            self.relay,
-            versus_nr(self.relay)
-        );
-        let _ = writeln!(
-            out,
-            "| via {HTTP_RELAY} | {} | {:.2}× | {} |",
-            self.http_relay,
-            ratio(self.http_relay as f64, relay),
-            versus_nr(self.http_relay)
-        );
-        if let Some(n) = self.nginx_rewrite {
+        let mut row = |path: &str, count: u64| {
+            let versus_nr = self.nginx_rewrite.map_or_else(String::new, |nr| {
+                format!("{:.2}×", ratio(count as f64, nr as f64))
+            });
+            let versus_relay = ratio(count as f64, self.relay as f64);
             let _ = writeln!(
                 out,
-                "| via {NGINX_REWRITE} | {n} | {:.2}× | 1.00× |",
-                ratio(n as f64, relay)
+                "| via {path} | {count} | {versus_relay:.2}× | {versus_nr} |"
             );
+        };
+        row("TCP relay", self.relay);
+        row(HTTP_RELAY, self.http_relay);
+        if let Some(n) = self.nginx_rewrite {
+            row(NGINX_REWRITE, n);
         }
-        let _ = writeln!(
-            out,
-            "| via sidecar | {} | {:.2}× | {} |",
-            self.sidecar,
-            ratio(self.sidecar as f64, relay),
-            versus_nr(self.sidecar)
-        );
+        row("sidecar", self.sidecar);
     }
 }
 
