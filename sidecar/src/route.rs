@@ -317,6 +317,49 @@ pub fn virtual_host_bucket(host: &str, is_bucket: impl Fn(&str) -> bool) -> Opti
     is_bucket(&first).then(|| first.into_owned())
 }
 
+/// The byte range of the bucket in an object's `selfLink` or `mediaLink`
+/// path, when it has one of the two shapes GCS writes for them
+/// (`/storage/v1/b/B/o/O`, `/download/storage/v1/b/B/o/O`; a query of at
+/// most one `alt=json|media` and `generation=N` pairs), found without
+/// routing it. Every answer is the one slot [`route`] finds for a `GET` of
+/// the same path and query (property test); `None` means "route it".
+///
+/// Every object resource in a response carries both links, so this spares
+/// the response rewrite two full routings per object.
+pub fn object_link_slot(path: &str, query: Option<&str>) -> Option<Range<usize>> {
+    const JSON: &str = "/storage/v1/b/";
+    const DOWNLOAD: &str = "/download/storage/v1/b/";
+    let start = if path.starts_with(JSON) {
+        JSON.len()
+    } else if path.starts_with(DOWNLOAD) {
+        DOWNLOAD.len()
+    } else {
+        return None;
+    };
+    let rest = &path[start..];
+    let slash = memchr::memchr(b'/', rest.as_bytes())?;
+    let (bucket, object) = (&rest[..slash], rest[slash..].strip_prefix("/o/")?);
+    let plain_object = !object.is_empty()
+        && !object.contains('/')
+        && check_percent_encoding(object).is_ok()
+        && !is_dot_segment(object);
+    (plain_object && is_valid_bucket_name(bucket) && query.is_none_or(is_plain_link_query))
+        .then(|| start..start + bucket.len())
+}
+
+/// A link's query the router reads the same way in every operation above:
+/// `generation=DIGITS` pairs and at most one `alt` of `json` or `media`.
+fn is_plain_link_query(query: &str) -> bool {
+    let mut alt = false;
+    query.as_bytes().split(|&b| b == b'&').all(|pair| {
+        if let Some(n) = pair.strip_prefix(b"generation=") {
+            !n.is_empty() && n.iter().all(u8::is_ascii_digit)
+        } else {
+            matches!(pair, b"alt=json" | b"alt=media") && !std::mem::replace(&mut alt, true)
+        }
+    })
+}
+
 fn host_without_port(host: &str) -> &str {
     if host.starts_with('[') {
         return host

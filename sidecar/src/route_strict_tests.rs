@@ -394,3 +394,98 @@ proptest! {
         }
     }
 }
+
+/// Paths and queries near the two link shapes [`object_link_slot`] reads,
+/// weighted towards those that take the short way, so that most cases
+/// reach the comparison.
+fn link_target() -> impl Strategy<Value = (String, Option<String>)> {
+    let prefix = prop_oneof![
+        4 => Just("/storage/v1/b/"),
+        4 => Just("/download/storage/v1/b/"),
+        1 => Just("/upload/storage/v1/b/"),
+        1 => Just("/storage/v1/"),
+        1 => Just("/"),
+    ];
+    let bucket = prop_oneof![
+        2 => Just("photos".to_owned()),
+        2 => Just("photos-k3x9q2mw".to_owned()),
+        1 => "[a-zA-Z0-9._%-]{0,8}",
+    ];
+    let middle = prop_oneof![
+        8 => Just("/o/"),
+        1 => Just("/o"),
+        1 => Just("/"),
+        1 => Just("/acl/"),
+        1 => Just("/O/"),
+    ];
+    let object = prop_oneof![
+        Just(".".to_owned()),
+        Just("%2e%2E".to_owned()),
+        Just("rewriteTo".to_owned()),
+        "[a-z0-9%./A-F_~-]{0,10}",
+    ];
+    let pair = prop_oneof![
+        4 => Just("alt=media"),
+        4 => Just("alt=json"),
+        4 => Just("generation=17"),
+        1 => Just("alt=xml"),
+        1 => Just("ALT=media"),
+        1 => Just("al%74=media"),
+        1 => Just("generation="),
+        1 => Just("generation=1x"),
+        1 => Just("userProject=p"),
+        1 => Just("uploadType=media"),
+        1 => Just(""),
+    ];
+    let query = prop::option::of(prop::collection::vec(pair, 0..4).prop_map(|p| p.join("&")));
+    (prefix, bucket, middle, object, query).prop_map(|(p, b, m, o, q)| (format!("{p}{b}{m}{o}"), q))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// The links' short way finds exactly what routing a GET finds.
+    #[test]
+    fn object_links_are_read_as_the_router_reads_them((path, query) in link_target()) {
+        let Some(slot) = object_link_slot(&path, query.as_deref()) else {
+            return Ok(());
+        };
+        let routed = route(&Method::GET, &path, query.as_deref(), None);
+        let slots = routed.map(|r| r.buckets.into_iter().map(|s| s.range).collect::<Vec<_>>());
+        prop_assert_eq!(slots, Ok(vec![slot]), "{} {:?}", path, query);
+    }
+}
+
+#[test]
+fn the_links_gcs_writes_take_the_short_way() {
+    for (path, query) in [
+        ("/storage/v1/b/photos-k3x9q2mw/o/a%2Fb.jpg", None),
+        ("/storage/v1/b/photos-k3x9q2mw/o/x", Some("generation=17")),
+        (
+            "/download/storage/v1/b/photos-k3x9q2mw/o/a%2Fb.jpg",
+            Some("generation=17&alt=media"),
+        ),
+    ] {
+        assert_eq!(
+            object_link_slot(path, query),
+            Some(14..29).map(|r| {
+                let shift = if path.starts_with("/download") { 9 } else { 0 };
+                r.start + shift..r.end + shift
+            }),
+            "{path}"
+        );
+    }
+    for (path, query) in [
+        ("/storage/v1/b/photos-k3x9q2mw/o/a/b", None),
+        ("/storage/v1/b/photos-k3x9q2mw/o/..", None),
+        (
+            "/storage/v1/b/photos-k3x9q2mw/o/x",
+            Some("alt=media&alt=json"),
+        ),
+        ("/storage/v1/b/photos-k3x9q2mw/o/x", Some("userProject=p")),
+        ("/storage/v1/b/Photos/o/x", None),
+        ("/storage/v1/b/photos-k3x9q2mw/o/%zz", None),
+    ] {
+        assert_eq!(object_link_slot(path, query), None, "{path} {query:?}");
+    }
+}

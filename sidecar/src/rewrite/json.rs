@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
@@ -308,15 +309,19 @@ fn rewrite_error(error: &str, tr: &Translator<'_>) -> Option<Vec<u8>> {
 /// every member with a key is rewritten, so a repeated key cannot smuggle an
 /// untranslated name past the checks).
 struct Object<'a> {
+    /// The object's text, as it came.
+    text: &'a str,
     members: Vec<(Text<'a>, Member<'a>)>,
     changed: bool,
 }
 
 enum Member<'a> {
-    /// The value as it came, byte for byte.
-    Raw(&'a str),
-    /// The value rewritten, serialised.
-    New(Vec<u8>),
+    /// The value as it came, byte for byte, and where it starts in the
+    /// object's text.
+    Raw(&'a str, usize),
+    /// The value rewritten, serialised, and the range of the object's text
+    /// it replaces.
+    New(Vec<u8>, Range<usize>),
 }
 
 /// What becomes of an array element.
@@ -336,8 +341,9 @@ impl<'a> Object<'a> {
     /// `None` when `text` is not a JSON object (whole documents included:
     /// trailing garbage fails).
     fn parse_str(text: &'a str) -> Option<Self> {
-        let members = scan::object_members(text, |key, raw| (Text(key), Member::Raw(raw)))?;
+        let members = scan::object_members(text, |key, raw, at| (Text(key), Member::Raw(raw, at)))?;
         Some(Object {
+            text,
             members,
             changed: false,
         })
@@ -346,14 +352,14 @@ impl<'a> Object<'a> {
     /// The first string member named `key`.
     fn string(&self, key: &str) -> Option<Cow<'a, str>> {
         self.members.iter().find_map(|(k, member)| match member {
-            Member::Raw(raw) if k.0 == key => string_value(raw),
+            Member::Raw(raw, _) if k.0 == key => string_value(raw),
             _ => None,
         })
     }
 
     fn has_object(&self, key: &str) -> bool {
         self.members.iter().any(|(k, member)| {
-            k.0 == key && matches!(member, Member::Raw(raw) if raw.starts_with('{'))
+            k.0 == key && matches!(member, Member::Raw(raw, _) if raw.starts_with('{'))
         })
     }
 
@@ -365,10 +371,10 @@ impl<'a> Object<'a> {
     ) -> Result<(), ApiError> {
         for (k, member) in &mut self.members {
             if k.0 == key
-                && let Member::Raw(raw) = member
+                && let Member::Raw(raw, at) = *member
                 && let Some(new) = f(raw)?
             {
-                *member = Member::New(new);
+                *member = Member::New(new, at..at + raw.len());
                 self.changed = true;
             }
         }
@@ -421,45 +427,24 @@ impl<'a> Object<'a> {
         })
     }
 
-    /// The object serialised again, or `None` when nothing changed.
+    /// The object's text with the rewritten values in place of the old
+    /// ones (everything else as it came, whitespace included), or `None`
+    /// when nothing changed.
     fn into_json(self) -> Option<Vec<u8>> {
         if !self.changed {
             return None;
         }
-        let size: usize = self
-            .members
-            .iter()
-            .map(|(k, m)| {
-                k.0.len()
-                    + 4
-                    + match m {
-                        Member::Raw(raw) => raw.len(),
-                        Member::New(bytes) => bytes.len(),
-                    }
-            })
-            .sum();
-        let mut out = Vec::with_capacity(size + 2);
-        out.push(b'{');
-        for (i, (key, member)) in self.members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            match &key.0 {
-                // Borrowed: the key had no escapes, its bytes are its JSON.
-                Cow::Borrowed(text) => {
-                    out.push(b'"');
-                    out.extend_from_slice(text.as_bytes());
-                    out.push(b'"');
-                }
-                Cow::Owned(text) => out.extend_from_slice(&json_string(text)),
-            }
-            out.push(b':');
-            match member {
-                Member::Raw(raw) => out.extend_from_slice(raw.as_bytes()),
-                Member::New(bytes) => out.extend_from_slice(bytes),
+        let text = self.text.as_bytes();
+        let mut out = Vec::with_capacity(text.len() + 64);
+        let mut at = 0;
+        for (_, member) in &self.members {
+            if let Member::New(new, old) = member {
+                out.extend_from_slice(&text[at..old.start]);
+                out.extend_from_slice(new);
+                at = old.end;
             }
         }
-        out.push(b'}');
+        out.extend_from_slice(&text[at..]);
         Some(out)
     }
 }
@@ -683,7 +668,10 @@ mod tests {
             .flatten()
             .expect("the escaped key is the bucket field");
         let text = String::from_utf8(new).expect("UTF-8");
-        assert!(text.contains(r#""bucket":"photos""#), "{text}");
+        assert!(
+            text.contains(r#"{ "kind" : "storage#object", "bu\u0063ket": "photos","#),
+            "only the value changes, keys and spacing stay: {text}"
+        );
         assert!(
             text.contains(r#"{"note": "caf\u00e9 \"photos-k3x9q2mw\"", "n": [1.50, 2e3]}"#),
             "other members are copied byte for byte: {text}"
@@ -708,7 +696,7 @@ mod tests {
             .expect("rewritten");
         assert_eq!(
             new,
-            br#"{"bucket":"photos-k3x9q2mw","bucket":"logs-aaaa1111"}"#.to_vec()
+            br#"{"bucket": "photos-k3x9q2mw", "bucket": "logs-aaaa1111"}"#.to_vec()
         );
     }
 

@@ -19,12 +19,12 @@ use std::borrow::Cow;
 use smallvec::SmallVec;
 
 /// The members of the JSON object `text` (leading and trailing whitespace
-/// allowed, nothing else), each made by `member` of its key, decoded, and
-/// its value's exact text. `None` when `text` is not exactly one
-/// well-formed JSON object.
+/// allowed, nothing else), each made by `member` of its key, decoded, its
+/// value's exact text, and where that text starts in `text`. `None` when
+/// `text` is not exactly one well-formed JSON object.
 pub(super) fn object_members<'a, T>(
     text: &'a str,
-    mut member: impl FnMut(Cow<'a, str>, &'a str) -> T,
+    mut member: impl FnMut(Cow<'a, str>, &'a str, usize) -> T,
 ) -> Option<Vec<T>> {
     let mut scan = Scanner::new(text);
     scan.expect(b'{')?;
@@ -33,7 +33,7 @@ pub(super) fn object_members<'a, T>(
         loop {
             let key = scan.member_key()?;
             let value = scan.value()?;
-            members.push(member(key, value));
+            members.push(member(key, value, scan.at - value.len()));
             if !scan.next_or_close(b'}')? {
                 break;
             }
@@ -362,8 +362,13 @@ mod tests {
         Some(elements.into_iter().map(RawValue::get).collect())
     }
 
+    /// Each value as found at the offset the scanner gives for it, or a
+    /// marker when that is not where the value is.
     fn ours(text: &str) -> Option<Vec<(String, &str)>> {
-        object_members(text, |k, v| (k.into_owned(), v))
+        object_members(text, |k, v, at| {
+            let found = text.get(at..at + v.len()).filter(|found| *found == v);
+            (k.into_owned(), found.unwrap_or("<not at its offset>"))
+        })
     }
 
     fn check(text: &str) -> Result<(), TestCaseError> {
@@ -500,8 +505,8 @@ mod tests {
         for text in cases {
             check(text).unwrap_or_else(|e| panic!("{e}"));
         }
-        assert!(object_members(r#"{"a":{"b":[1,2]},"c":"d"}"#, |k, v| (k, v)).is_some());
-        assert!(object_members(r#"{"a":{"b":[1,2}},"c":"d"}"#, |k, v| (k, v)).is_none());
+        assert!(object_members(r#"{"a":{"b":[1,2]},"c":"d"}"#, |k, v, _| (k, v)).is_some());
+        assert!(object_members(r#"{"a":{"b":[1,2}},"c":"d"}"#, |k, v, _| (k, v)).is_none());
     }
 
     proptest! {
@@ -524,9 +529,10 @@ mod tests {
     fn deep_nesting_is_read_without_recursion() {
         let depth = 100_000;
         let text = format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth));
-        let members = object_members(&text, |k, v| (k, v)).unwrap_or_else(|| panic!("well-formed"));
+        let members =
+            object_members(&text, |k, v, _| (k, v)).unwrap_or_else(|| panic!("well-formed"));
         assert_eq!(members[0].1.len(), 2 * depth);
         let broken = format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth - 1));
-        assert!(object_members(&broken, |k, v| (k, v)).is_none());
+        assert!(object_members(&broken, |k, v, _| (k, v)).is_none());
     }
 }

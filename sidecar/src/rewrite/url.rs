@@ -6,7 +6,7 @@ use percent_encoding::percent_decode_str;
 
 use super::{Direction, Translator, request_bucket};
 use crate::errors::ApiError;
-use crate::route::{Api, Route, route, virtual_host_bucket};
+use crate::route::{Api, Route, object_link_slot, route, virtual_host_bucket};
 
 /// Rewrites an absolute URL so that it points at `tr.links` and names the
 /// translated buckets. Returns `None` when `url` is not an absolute http(s)
@@ -24,13 +24,11 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
         }
     };
     let vhost = virtual_host_bucket(host, |label| tr.mapping.knows(label));
-
-    // A link names a resource, not a request: read it as the request a
-    // client would send to it (a download or a metadata read, or a chunk
-    // of a resumable session).
-    let routed = [Method::GET, Method::PUT]
-        .iter()
-        .find_map(|method| route(method, path, query, vhost.as_deref()).ok());
+    // An object's two links, the most common by far, need no routing.
+    let object_link = vhost
+        .is_none()
+        .then(|| object_link_slot(path, query))
+        .flatten();
 
     let (scheme, authority) = (&tr.links.scheme, &tr.links.authority);
     // Room for the base, the path, longer bucket names, and the query.
@@ -40,9 +38,21 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
     out.push_str(scheme);
     out.push_str("://");
     out.push_str(authority);
-    match &routed {
-        Some(routed) => push_translated_path(&mut out, path, routed, tr),
-        None => out.push_str(path),
+    if let Some(slot) = object_link {
+        out.push_str(&path[..slot.start]);
+        out.push_str(lenient(tr, &path[slot.clone()]));
+        out.push_str(&path[slot.end..]);
+    } else {
+        // A link names a resource, not a request: read it as the request a
+        // client would send to it (a download or a metadata read, or a
+        // chunk of a resumable session).
+        let routed = [Method::GET, Method::PUT]
+            .iter()
+            .find_map(|method| route(method, path, query, vhost.as_deref()).ok());
+        match &routed {
+            Some(routed) => push_translated_path(&mut out, path, routed, tr),
+            None => out.push_str(path),
+        }
     }
     if let Some(query) = query {
         out.push('?');
@@ -68,7 +78,10 @@ fn split_plain_url(url: &str) -> Option<(&str, &str, Option<&str>)> {
         .position(|b| b == b'/' || b == b'?')
         .unwrap_or(rest.len());
     let (authority, path_and_query) = rest.split_at(end);
-    let (host, port) = authority.split_once(':').unwrap_or((authority, "0"));
+    let (host, port) = match memchr::memchr(b':', authority.as_bytes()) {
+        Some(colon) => (&authority[..colon], &authority[colon + 1..]),
+        None => (authority, "0"),
+    };
     let host_ok = !host.is_empty()
         && host
             .bytes()
