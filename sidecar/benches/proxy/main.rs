@@ -67,6 +67,8 @@
 //!    front of the plain upstream and of the TLS one with either HTTP version;
 //! 5. instructions per metadata request through the relay, the HTTP relay
 //!    (hyper, no logic: `hyper_relay.rs`), nginx-rewrite and the sidecar,
+//!    and with `tls` also through the TLS relay, nginx-rewrite and the
+//!    sidecar with each upstream HTTP version in front of the TLS upstream,
 //!    counted by callgrind (skipped with a note without
 //!    valgrind): the one figure the machine's load does not move, and the
 //!    user-space work the sidecar does beyond its peer's;
@@ -463,7 +465,7 @@ fn new_report(settings: Settings) -> Report {
         throughput: Vec::new(),
         streams: Vec::new(),
         memory: Vec::new(),
-        instructions: None,
+        instructions: Vec::new(),
         grpc: None,
         main_sidecar_hwm_kib: None,
         notes: Vec::new(),
@@ -601,8 +603,9 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
     // Instruction counts.
     if settings.instructions {
         if callgrind_available() {
+            let tls_upstream = tls_upstream.map(|addr| (addr, tls.ca_file.as_path()));
             report.instructions =
-                Some(instructions_phase(&client, upstream, nginx.as_deref(), dir).await?);
+                instructions_phase(&client, upstream, tls_upstream, nginx.as_deref(), dir).await?;
         } else {
             report.notes.push(
                 "valgrind (callgrind) is not installed: no instruction counts (apt install valgrind)."

@@ -262,68 +262,135 @@ pub(crate) async fn memory_phase(
 /// Metadata requests counted per path under callgrind (after a warm-up).
 pub(crate) const COUNTED_REQUESTS: u64 = 2000;
 
-/// Instructions per proxied metadata request: the relay, the HTTP relay,
-/// nginx-rewrite (when nginx is installed) and the sidecar.
+/// Instructions per proxied metadata request in front of one upstream, per
+/// path: the floor first (the TCP or TLS relay), then the HTTP relay (plain
+/// upstream), nginx-rewrite (when nginx is installed) and the sidecar(s).
 pub(crate) struct InstructionFigures {
-    pub(crate) relay: u64,
-    pub(crate) http_relay: u64,
-    pub(crate) nginx_rewrite: Option<u64>,
-    pub(crate) sidecar: u64,
+    pub(crate) upstream: &'static str,
+    pub(crate) rows: Vec<(&'static str, u64)>,
+}
+
+impl InstructionFigures {
+    pub(crate) fn nginx_rewrite(&self) -> Option<u64> {
+        self.rows
+            .iter()
+            .find_map(|(label, n)| (*label == NGINX_REWRITE).then_some(*n))
+    }
 }
 
 /// Counts the instructions the relay, the HTTP relay, nginx-rewrite and the
-/// sidecar execute per metadata request (sequential GETs through each, in front of the
-/// in-process upstream), with callgrind. Unlike times, these counts do not
-/// move with whatever else the machine runs, so they show changes in the
-/// proxy's own work exactly, and how much more user-space work the sidecar
-/// does than the peer that does its job off the shelf (the kernel's share,
-/// the same two sockets per request for both, is not counted).
+/// sidecar execute per metadata request (sequential GETs through each, in
+/// front of the in-process upstream), with callgrind; on the TLS upstream
+/// (`tls`: its address and the CA file), the TLS relay, nginx-rewrite and
+/// the sidecar with each upstream HTTP version, the production shape.
+/// Unlike times, these counts do not move with whatever else the machine
+/// runs, so they show changes in the proxy's own work exactly, and how much
+/// more user-space work the sidecar does than the peer that does its job
+/// off the shelf (the kernel's share, the same two sockets per request for
+/// both, is not counted).
 pub(crate) async fn instructions_phase(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    tls: Option<(SocketAddr, &Path)>,
+    nginx: Option<&Path>,
+    dir: &Path,
+) -> Result<Vec<InstructionFigures>> {
+    let mut figures = vec![count_plain(client, upstream, nginx, dir).await?];
+    if let Some((addr, ca_file)) = tls {
+        figures.push(count_tls(client, addr, ca_file, nginx, dir).await?);
+    }
+    Ok(figures)
+}
+
+async fn count_plain(
     client: &HttpClient,
     upstream: SocketAddr,
     nginx: Option<&Path>,
     dir: &Path,
 ) -> Result<InstructionFigures> {
+    let mut rows = Vec::new();
     let out = dir.join("callgrind-relay.out");
     let launch = Launch::Callgrind(&out);
     let (relay, addr) = start_relay(client, upstream, None, dir, "callgrind", launch).await?;
-    let relay = count_instructions(client, relay, addr, PHYSICAL, &out).await?;
+    rows.push(("TCP relay", count_instructions(client, relay, addr, PHYSICAL, &out).await?));
     let out = dir.join("callgrind-http-relay.out");
     let launch = Launch::Callgrind(&out);
     let (proc, addr) = start_http_relay(client, upstream, dir, "callgrind", launch).await?;
-    let http_relay = count_instructions(client, proc, addr, PHYSICAL, &out).await?;
-    let nginx_rewrite = match nginx {
-        Some(bin) => {
-            let out = dir.join("callgrind-nginx-rewrite.out");
-            let target = NginxUpstream {
-                addr: upstream,
-                ca_file: None,
-            };
-            let launch = Launch::Callgrind(&out);
-            let (proc, addr) = start_nginx(
-                client,
-                bin,
-                NginxMode::Rewrite,
-                &target,
-                dir,
-                "callgrind",
-                launch,
-            )
-            .await?;
-            Some(count_instructions(client, proc, addr, LOGICAL, &out).await?)
-        }
-        None => None,
-    };
+    rows.push((HTTP_RELAY, count_instructions(client, proc, addr, PHYSICAL, &out).await?));
+    if let Some(bin) = nginx {
+        rows.push((NGINX_REWRITE, count_nginx(client, bin, upstream, None, dir, "").await?));
+    }
     let out = dir.join("callgrind-sidecar.out");
     let (sidecar, addr) =
         start_sidecar(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
-    let sidecar = count_instructions(client, sidecar, addr, LOGICAL, &out).await?;
+    rows.push(("sidecar", count_instructions(client, sidecar, addr, LOGICAL, &out).await?));
     Ok(InstructionFigures {
-        relay,
-        http_relay,
-        nginx_rewrite,
-        sidecar,
+        upstream: "in-process",
+        rows,
     })
+}
+
+async fn count_tls(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    ca_file: &Path,
+    nginx: Option<&Path>,
+    dir: &Path,
+) -> Result<InstructionFigures> {
+    let mut rows = Vec::new();
+    let out = dir.join("callgrind-tls-relay.out");
+    let launch = Launch::Callgrind(&out);
+    let tag = "callgrind-tls";
+    let (relay, addr) = start_relay(client, upstream, Some(ca_file), dir, tag, launch).await?;
+    rows.push((TLS_RELAY, count_instructions(client, relay, addr, PHYSICAL, &out).await?));
+    if let Some(bin) = nginx {
+        let count = count_nginx(client, bin, upstream, Some(ca_file), dir, "-tls").await?;
+        rows.push((NGINX_REWRITE, count));
+    }
+    let url = format!("https://{upstream}");
+    let ca = ca_file.to_string_lossy();
+    for (label, version) in [("sidecar h2", "2"), ("sidecar h1.1", "1.1")] {
+        let out = dir.join(format!("callgrind-sidecar-tls-h{version}.out"));
+        let extra = ["--upstream-ca-file", &ca, "--upstream-http", version];
+        let tag = format!("{tag}-{version}");
+        let launch = Launch::Callgrind(&out);
+        let (proc, addr) = start_sidecar_to(client, &url, &extra, dir, &tag, launch).await?;
+        rows.push((label, count_instructions(client, proc, addr, LOGICAL, &out).await?));
+    }
+    Ok(InstructionFigures {
+        upstream: "in-process TLS",
+        rows,
+    })
+}
+
+/// nginx-rewrite's instructions per metadata request in front of `upstream`
+/// (over TLS when `ca_file` is given).
+async fn count_nginx(
+    client: &HttpClient,
+    bin: &Path,
+    upstream: SocketAddr,
+    ca_file: Option<&Path>,
+    dir: &Path,
+    suffix: &str,
+) -> Result<u64> {
+    let out = dir.join(format!("callgrind-nginx-rewrite{suffix}.out"));
+    let target = NginxUpstream {
+        addr: upstream,
+        ca_file,
+    };
+    let tag = format!("callgrind{suffix}");
+    let launch = Launch::Callgrind(&out);
+    let (proc, addr) = start_nginx(
+        client,
+        bin,
+        NginxMode::Rewrite,
+        &target,
+        dir,
+        &tag,
+        launch,
+    )
+    .await?;
+    count_instructions(client, proc, addr, LOGICAL, &out).await
 }
 
 /// Instructions per metadata GET of `proc`, a proxy at `addr` running under
