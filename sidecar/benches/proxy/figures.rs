@@ -58,14 +58,34 @@ pub(crate) struct MetadataFigures {
     /// CPU ns per path during its blocks: client + upstream (direct), the
     /// proxy's (others).
     pub(crate) cpu_ns: Vec<u64>,
+    /// Per path, each block's own figures, in the order the blocks ran.
+    pub(crate) blocks: Vec<Vec<BlockFigures>>,
+}
+
+/// One path's figures in one open-loop block.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockFigures {
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    /// CPU per request in the block, µs.
+    pub(crate) cpu_us: f64,
+}
+
+/// The closed-loop figures at one connection count, per path.
+pub(crate) struct ThroughputRow {
+    pub(crate) connections: usize,
+    pub(crate) rps: Vec<f64>,
+    /// CPU µs per request.
+    pub(crate) cpu_us: Vec<f64>,
+    /// Each block's requests per second, in the order the blocks ran.
+    pub(crate) block_rps: Vec<Vec<f64>>,
 }
 
 /// Closed-loop requests per second, per path.
 pub(crate) struct ThroughputFigures {
     pub(crate) upstream: &'static str,
     pub(crate) labels: Vec<&'static str>,
-    /// (connections, requests per second per path, CPU µs per request per path).
-    pub(crate) rows: Vec<(usize, Vec<f64>, Vec<f64>)>,
+    pub(crate) rows: Vec<ThroughputRow>,
     /// Failed requests over all runs.
     pub(crate) errors: u64,
 }

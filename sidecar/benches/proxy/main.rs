@@ -267,8 +267,10 @@ impl Settings {
                 grpc_calls: 2000,
                 grpc_big: 256 * MIB,
                 reps: 5,
-                rps_block: Duration::from_secs(2),
-                rps_blocks: 3,
+                // Six turns: enough for "blocks held" to tell a decided
+                // target from a split one.
+                rps_block: Duration::from_secs(1),
+                rps_blocks: 6,
                 streams: 64,
                 stream_size: 16 * MIB,
                 latency,

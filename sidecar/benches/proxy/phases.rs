@@ -63,15 +63,22 @@ pub(crate) async fn metadata_phase(
                 &mut run.errors,
             )
             .await;
-            run.cpu_ns += meter.read().saturating_sub(before);
+            let cpu_ns = meter.read().saturating_sub(before);
+            run.cpu_ns += cpu_ns;
             let block = Latencies::new(run.samples[first..].to_vec(), Vec::new(), Vec::new());
             run.block_p99.push(block.percentile(99.0));
+            run.blocks.push(BlockFigures {
+                p50: block.percentile(50.0),
+                p99: block.percentile(99.0),
+                cpu_us: cpu_ns as f64 / 1000.0 / block.sorted.len().max(1) as f64,
+            });
         }
     }
     Ok(MetadataFigures {
         upstream,
         labels: paths.labels(),
         cpu_ns: runs.iter().map(|r| r.cpu_ns).collect(),
+        blocks: runs.iter().map(|r| r.blocks.clone()).collect(),
         latencies: runs.into_iter().map(PathRun::into_latencies).collect(),
     })
 }
@@ -83,6 +90,7 @@ pub(crate) struct PathRun {
     pub(crate) errors: Vec<String>,
     pub(crate) cpu_ns: u64,
     pub(crate) block_p99: Vec<Duration>,
+    pub(crate) blocks: Vec<BlockFigures>,
 }
 
 impl PathRun {
@@ -163,6 +171,7 @@ pub(crate) async fn throughput_phase(
     };
     for connections in CONNECTIONS {
         let (mut done, mut cpu_ns) = (vec![0u64; n], vec![0u64; n]);
+        let mut block_rps = vec![Vec::new(); n];
         for block in 0..settings.rps_blocks as usize {
             for index in paths.turn(block) {
                 let meter = &paths.meters[index];
@@ -176,6 +185,7 @@ pub(crate) async fn throughput_phase(
                 .await;
                 cpu_ns[index] += meter.read().saturating_sub(before);
                 done[index] += ok;
+                block_rps[index].push(ok as f64 / settings.rps_block.as_secs_f64());
                 figures.errors += failed;
             }
         }
@@ -186,7 +196,12 @@ pub(crate) async fn throughput_phase(
             .zip(&done)
             .map(|(&ns, &d)| ns as f64 / 1000.0 / d.max(1) as f64)
             .collect();
-        figures.rows.push((connections, rps, cpu_us));
+        figures.rows.push(ThroughputRow {
+            connections,
+            rps,
+            cpu_us,
+            block_rps,
+        });
     }
     figures
 }
@@ -312,18 +327,30 @@ async fn count_plain(
     let out = dir.join("callgrind-relay.out");
     let launch = Launch::Callgrind(&out);
     let (relay, addr) = start_relay(client, upstream, None, dir, "callgrind", launch).await?;
-    rows.push(("TCP relay", count_instructions(client, relay, addr, PHYSICAL, &out).await?));
+    rows.push((
+        "TCP relay",
+        count_instructions(client, relay, addr, PHYSICAL, &out).await?,
+    ));
     let out = dir.join("callgrind-http-relay.out");
     let launch = Launch::Callgrind(&out);
     let (proc, addr) = start_http_relay(client, upstream, dir, "callgrind", launch).await?;
-    rows.push((HTTP_RELAY, count_instructions(client, proc, addr, PHYSICAL, &out).await?));
+    rows.push((
+        HTTP_RELAY,
+        count_instructions(client, proc, addr, PHYSICAL, &out).await?,
+    ));
     if let Some(bin) = nginx {
-        rows.push((NGINX_REWRITE, count_nginx(client, bin, upstream, None, dir, "").await?));
+        rows.push((
+            NGINX_REWRITE,
+            count_nginx(client, bin, upstream, None, dir, "").await?,
+        ));
     }
     let out = dir.join("callgrind-sidecar.out");
     let (sidecar, addr) =
         start_sidecar(client, upstream, dir, "callgrind", Launch::Callgrind(&out)).await?;
-    rows.push(("sidecar", count_instructions(client, sidecar, addr, LOGICAL, &out).await?));
+    rows.push((
+        "sidecar",
+        count_instructions(client, sidecar, addr, LOGICAL, &out).await?,
+    ));
     Ok(InstructionFigures {
         upstream: "in-process",
         rows,
@@ -342,7 +369,10 @@ async fn count_tls(
     let launch = Launch::Callgrind(&out);
     let tag = "callgrind-tls";
     let (relay, addr) = start_relay(client, upstream, Some(ca_file), dir, tag, launch).await?;
-    rows.push((TLS_RELAY, count_instructions(client, relay, addr, PHYSICAL, &out).await?));
+    rows.push((
+        TLS_RELAY,
+        count_instructions(client, relay, addr, PHYSICAL, &out).await?,
+    ));
     if let Some(bin) = nginx {
         let count = count_nginx(client, bin, upstream, Some(ca_file), dir, "-tls").await?;
         rows.push((NGINX_REWRITE, count));
@@ -355,7 +385,10 @@ async fn count_tls(
         let tag = format!("{tag}-{version}");
         let launch = Launch::Callgrind(&out);
         let (proc, addr) = start_sidecar_to(client, &url, &extra, dir, &tag, launch).await?;
-        rows.push((label, count_instructions(client, proc, addr, LOGICAL, &out).await?));
+        rows.push((
+            label,
+            count_instructions(client, proc, addr, LOGICAL, &out).await?,
+        ));
     }
     Ok(InstructionFigures {
         upstream: "in-process TLS",
@@ -380,16 +413,8 @@ async fn count_nginx(
     };
     let tag = format!("callgrind{suffix}");
     let launch = Launch::Callgrind(&out);
-    let (proc, addr) = start_nginx(
-        client,
-        bin,
-        NginxMode::Rewrite,
-        &target,
-        dir,
-        &tag,
-        launch,
-    )
-    .await?;
+    let (proc, addr) =
+        start_nginx(client, bin, NginxMode::Rewrite, &target, dir, &tag, launch).await?;
     count_instructions(client, proc, addr, LOGICAL, &out).await
 }
 

@@ -274,7 +274,13 @@ impl Report {
         );
         let _ = writeln!(out, "|---|---|---|---|---|");
         for t in &self.throughput {
-            for (connections, rps, cpu) in &t.rows {
+            for ThroughputRow {
+                connections,
+                rps,
+                cpu_us: cpu,
+                ..
+            } in &t.rows
+            {
                 for (i, label) in t.labels.iter().enumerate() {
                     let _ = writeln!(
                         out,
