@@ -19,8 +19,20 @@ use crate::errors::ApiError;
 /// no document, so no bucket name. Google's Go API clients send `null` for
 /// an optional request body they were given no object for (rclone's
 /// `objects.rewrite` and `objects.copy`), and GCS takes it as no body.
+/// Whitespace is JSON's (space, tab, line feed, carriage return): a body
+/// padded with anything else, a form feed say, is not JSON, and goes to
+/// the rewriter to be refused.
 pub fn is_no_document(body: &[u8]) -> bool {
-    matches!(body.trim_ascii(), b"" | b"null")
+    let json_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let start = body
+        .iter()
+        .position(|b| !json_space(b))
+        .unwrap_or(body.len());
+    let end = body
+        .iter()
+        .rposition(|b| !json_space(b))
+        .map_or(start, |i| i + 1);
+    matches!(&body[start..end], b"" | b"null")
 }
 
 /// Checks a JSON request body. An empty (or all-whitespace) body, or
@@ -223,6 +235,29 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    proptest::proptest! {
+        /// No document is what serde_json reads as `null`, or nothing but
+        /// JSON whitespace: a form feed or vertical tab is neither.
+        #[test]
+        fn no_document_is_what_serde_json_reads_as_null_or_nothing(
+            body in "[ \t\n\r\x0b\x0c]{0,3}(null|nul|x|)[ \t\n\r\x0b\x0c]{0,3}"
+        ) {
+            let blank = body.bytes().all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+            let null = serde_json::from_str::<serde_json::Value>(&body)
+                .is_ok_and(|v| v.is_null());
+            proptest::prop_assert_eq!(is_no_document(body.as_bytes()), blank || null, "{:?}", body);
+        }
+    }
+
+    #[test]
+    fn bodies_padded_with_other_whitespace_are_refused() {
+        for body in [&b"\x0cnull"[..], b"null\x0c", b"\x0c", b"\x0b null"] {
+            let status = check_request_json(body, OBJECT).map_err(|e| e.status.as_u16());
+            assert_eq!(status, Err(400), "{:?}", String::from_utf8_lossy(body));
+        }
+        assert_eq!(check_request_json(b"\t\r\nnull\r\n", OBJECT), Ok(()));
     }
 
     #[test]
