@@ -359,10 +359,16 @@ pub(crate) fn fake_gcs_server_bin() -> Result<PathBuf> {
 }
 
 /// A tool's binary: the variable `env`'s value, else the last line printed
-/// by `tools/TOOL/install.sh` (which fetches or builds it once).
+/// by `tools/TOOL/install.sh` (which fetches or builds it once). An `env`
+/// naming no file is an error, which the callers report as the tool being
+/// unavailable.
 pub(crate) fn tool_bin(env: &str, tool: &str) -> Result<PathBuf> {
     if let Some(bin) = std::env::var_os(env) {
-        return Ok(bin.into());
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            bail!("{env}={} names no file", bin.display());
+        }
+        return Ok(bin);
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tools/{tool}/install.sh"));
     let out = Command::new("bash")
