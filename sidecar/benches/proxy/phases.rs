@@ -323,14 +323,10 @@ async fn count_plain(
     nginx: Option<&Path>,
     dir: &Path,
 ) -> Result<InstructionFigures> {
-    let mut rows = Vec::new();
-    let out = dir.join("callgrind-relay.out");
-    let launch = Launch::Callgrind(&out);
-    let (relay, addr) = start_relay(client, upstream, None, dir, "callgrind", launch).await?;
-    rows.push((
+    let mut rows = vec![(
         "TCP relay",
-        count_instructions(client, relay, addr, PHYSICAL, &out).await?,
-    ));
+        count_relay(client, upstream, None, dir, "").await?,
+    )];
     let out = dir.join("callgrind-http-relay.out");
     let launch = Launch::Callgrind(&out);
     let (proc, addr) = start_http_relay(client, upstream, dir, "callgrind", launch).await?;
@@ -364,15 +360,11 @@ async fn count_tls(
     nginx: Option<&Path>,
     dir: &Path,
 ) -> Result<InstructionFigures> {
-    let mut rows = Vec::new();
-    let out = dir.join("callgrind-tls-relay.out");
-    let launch = Launch::Callgrind(&out);
-    let tag = "callgrind-tls";
-    let (relay, addr) = start_relay(client, upstream, Some(ca_file), dir, tag, launch).await?;
-    rows.push((
+    let mut rows = vec![(
         TLS_RELAY,
-        count_instructions(client, relay, addr, PHYSICAL, &out).await?,
-    ));
+        count_relay(client, upstream, Some(ca_file), dir, "-tls").await?,
+    )];
+    let tag = "callgrind-tls";
     if let Some(bin) = nginx {
         let count = count_nginx(client, bin, upstream, Some(ca_file), dir, "-tls").await?;
         rows.push((NGINX_REWRITE, count));
@@ -394,6 +386,22 @@ async fn count_tls(
         upstream: "in-process TLS",
         rows,
     })
+}
+
+/// The TCP relay's (TLS relay's, when `ca_file` is given) instructions per
+/// metadata request in front of `upstream`.
+async fn count_relay(
+    client: &HttpClient,
+    upstream: SocketAddr,
+    ca_file: Option<&Path>,
+    dir: &Path,
+    suffix: &str,
+) -> Result<u64> {
+    let out = dir.join(format!("callgrind{suffix}-relay.out"));
+    let tag = format!("callgrind{suffix}");
+    let launch = Launch::Callgrind(&out);
+    let (relay, addr) = start_relay(client, upstream, ca_file, dir, &tag, launch).await?;
+    count_instructions(client, relay, addr, PHYSICAL, &out).await
 }
 
 /// nginx-rewrite's instructions per metadata request in front of `upstream`
