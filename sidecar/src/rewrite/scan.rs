@@ -61,6 +61,12 @@ pub(super) fn array_elements(text: &str) -> Option<Vec<&str>> {
     Some(elements)
 }
 
+/// JSON's whitespace: space, tab, line feed and carriage return, nothing
+/// else (RFC 8259, section 2).
+pub(super) fn is_json_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 struct Scanner<'a> {
     text: &'a str,
     at: usize,
@@ -80,7 +86,7 @@ impl<'a> Scanner<'a> {
     }
 
     fn whitespace(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
+        while self.peek().is_some_and(is_json_whitespace) {
             self.at += 1;
         }
     }

@@ -13,6 +13,7 @@ use std::fmt;
 use foldhash::HashMap;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
+use super::scan::is_json_whitespace;
 use crate::errors::ApiError;
 
 /// Whether a JSON body is empty, all whitespace, or the literal `null`:
@@ -23,14 +24,13 @@ use crate::errors::ApiError;
 /// padded with anything else, a form feed say, is not JSON, and goes to
 /// the rewriter to be refused.
 pub fn is_no_document(body: &[u8]) -> bool {
-    let json_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
     let start = body
         .iter()
-        .position(|b| !json_space(b))
+        .position(|&b| !is_json_whitespace(b))
         .unwrap_or(body.len());
     let end = body
         .iter()
-        .rposition(|b| !json_space(b))
+        .rposition(|&b| !is_json_whitespace(b))
         .map_or(start, |i| i + 1);
     matches!(&body[start..end], b"" | b"null")
 }
