@@ -10,20 +10,15 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context as _;
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::extract::Request;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use bucketmap::controller;
-use bucketmap::gcs::{GcsClient, GcsConfig};
+use common::api_proxy::{self, is_watch_of};
 use common::{Fixture, physical};
-use tokio::task::JoinHandle;
 
 type TestResult = anyhow::Result<()>;
 
@@ -45,9 +40,9 @@ enum Seen {
     Expired,
 }
 
-/// The fault-injecting proxy's state.
+/// The proxy's view of the `Gcs` collection.
+#[derive(Default)]
 struct Proxy {
-    upstream: kube::Client,
     expired_once: AtomicBool,
     seen: Mutex<Vec<Seen>>,
 }
@@ -62,6 +57,19 @@ impl Proxy {
             seen.push(what);
         }
     }
+
+    /// Answers the first resuming `Gcs` watch with [`EXPIRED_EVENT`] and
+    /// lets everything else through, recording the `Gcs` lists and watches.
+    fn intercept(&self, req: &Request) -> Option<Response> {
+        let seen = classify(req)?;
+        if seen == Seen::Watch && resumes(req) && !self.expired_once.swap(true, Ordering::SeqCst) {
+            self.record(Seen::Expired);
+            let answer = ([(header::CONTENT_TYPE, "application/json")], EXPIRED_EVENT);
+            return Some(answer.into_response());
+        }
+        self.record(seen);
+        None
+    }
 }
 
 /// Classifies a request on the `Gcs` collection (`None`: anything else).
@@ -73,11 +81,11 @@ fn classify(req: &Request) -> Option<Seen> {
     {
         return None;
     }
-    let query = req.uri().query().unwrap_or_default();
-    let watch = query
-        .split('&')
-        .any(|p| p == "watch=true" || p == "watch=1");
-    Some(if watch { Seen::Watch } else { Seen::List })
+    Some(if is_watch_of(req, "/gcs") {
+        Seen::Watch
+    } else {
+        Seen::List
+    })
 }
 
 /// True for a watch resuming from a resourceVersion (the one a compaction
@@ -87,98 +95,6 @@ fn resumes(req: &Request) -> bool {
     query
         .split('&')
         .any(|p| p.starts_with("resourceVersion=") && p != "resourceVersion=")
-}
-
-/// Answers the first resuming `Gcs` watch with [`EXPIRED_EVENT`] and
-/// forwards everything else.
-async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
-    let seen = classify(&req);
-    if seen == Some(Seen::Watch)
-        && resumes(&req)
-        && !proxy.expired_once.swap(true, Ordering::SeqCst)
-    {
-        proxy.record(Seen::Expired);
-        return ([(header::CONTENT_TYPE, "application/json")], EXPIRED_EVENT).into_response();
-    }
-    if let Some(seen) = seen {
-        proxy.record(seen);
-    }
-    match forward(&proxy.upstream, req).await {
-        Ok(response) => response,
-        Err(e) => (StatusCode::BAD_GATEWAY, format!("{e:#}")).into_response(),
-    }
-}
-
-/// Sends `req` to the API server with the admin client; the response body
-/// streams back (watches stay open).
-async fn forward(upstream: &kube::Client, req: Request) -> anyhow::Result<Response> {
-    let (parts, body) = req.into_parts();
-    let body = axum::body::to_bytes(body, 16 << 20)
-        .await
-        .context("cannot read the request body")?;
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    let mut out = axum::http::Request::builder()
-        .method(parts.method)
-        .uri(&path)
-        .body(kube::client::Body::from(body.to_vec()))
-        .context("cannot build the upstream request")?;
-    for (name, value) in &parts.headers {
-        if name != header::HOST && name != header::CONNECTION {
-            out.headers_mut().append(name, value.clone());
-        }
-    }
-    let response = upstream
-        .send(out)
-        .await
-        .with_context(|| format!("cannot forward {path}"))?;
-    let (mut parts, body) = response.into_parts();
-    parts.headers.remove(header::TRANSFER_ENCODING);
-    parts.headers.remove(header::CONNECTION);
-    Ok(Response::from_parts(parts, Body::new(body)))
-}
-
-/// Starts the proxy on a free loopback port.
-async fn start_proxy(upstream: kube::Client) -> anyhow::Result<(SocketAddr, Arc<Proxy>)> {
-    let proxy = Arc::new(Proxy {
-        upstream,
-        expired_once: AtomicBool::new(false),
-        seen: Mutex::default(),
-    });
-    let app = axum::Router::new()
-        .fallback(handle)
-        .with_state(proxy.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok((addr, proxy))
-}
-
-/// The operator in-process, its API calls going through the proxy at `addr`.
-async fn start_operator_via(f: &Fixture, addr: SocketAddr) -> anyhow::Result<JoinHandle<()>> {
-    let config = kube::Config::new(format!("http://{addr}").parse()?);
-    let client = kube::Client::try_from(config).context("cannot build the proxied client")?;
-    let gcs = GcsClient::connect(
-        &GcsConfig {
-            endpoint: Some(f.mock.endpoint()),
-            anonymous: true,
-        },
-        f.metrics.clone(),
-    )
-    .await?;
-    Ok(tokio::spawn(controller::run(
-        client,
-        gcs,
-        f.metrics.clone(),
-        f.config.clone(),
-        || {},
-        std::future::pending(),
-    )))
 }
 
 /// Waits until the proxy has seen a `Gcs` watch after the expired one
@@ -205,8 +121,10 @@ async fn wait_rewatch(proxy: &Proxy, timeout: Duration) -> anyhow::Result<()> {
 #[tokio::test]
 async fn an_expired_gcs_watch_is_recovered_by_relisting() -> TestResult {
     let f = Fixture::new().await?;
-    let (addr, proxy) = start_proxy(f.env.client().await?).await?;
-    let operator = start_operator_via(&f, addr).await?;
+    let proxy = Arc::new(Proxy::default());
+    let seen_by = proxy.clone();
+    let addr = api_proxy::start(&f, Arc::new(move |req| seen_by.intercept(req))).await?;
+    let operator = api_proxy::start_operator_via(&f, addr).await?;
     wait_rewatch(&proxy, Duration::from_secs(30)).await?;
 
     f.create(

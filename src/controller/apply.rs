@@ -9,9 +9,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use google_cloud_storage::model::Bucket;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 
 use super::status::StatusWriter;
@@ -105,10 +109,7 @@ async fn resolve_project(
     status: &mut StatusWriter<'_>,
 ) -> Result<ControlFlow<Action, String>> {
     let ns = obj.namespace().unwrap_or_default();
-    let annotated = ctx
-        .namespaces
-        .get(&kube::runtime::reflector::ObjectRef::new(&ns))
-        .and_then(|n| n.annotations().get(PROJECT_ANNOTATION).cloned());
+    let annotated = namespace_project(ctx, &ns, &status.status).await?;
     let resolved = project_for(
         &ns,
         obj.spec.project_id.as_deref(),
@@ -123,6 +124,32 @@ async fn resolve_project(
             Ok(ControlFlow::Break(resync(ctx)))
         }
     }
+}
+
+/// The project annotation of namespace `ns`. The cache answers for a
+/// resource whose bucket exists (its project is recorded and pinned); for
+/// one whose bucket may be created now, or whose namespace the cache has
+/// not seen yet, the namespace is read from the API server: the cache can
+/// lag behind a namespace created or annotated just before the resource,
+/// and a bucket created in the wrong project cannot be moved.
+async fn namespace_project(
+    ctx: &Context,
+    ns: &str,
+    recorded: &GcsStatus,
+) -> Result<Option<String>> {
+    let annotation =
+        |meta: &PartialObjectMeta<Namespace>| meta.annotations().get(PROJECT_ANNOTATION).cloned();
+    if recorded.bucket_full_name.is_some()
+        && let Some(cached) = ctx.namespaces.get(&ObjectRef::new(ns))
+    {
+        return Ok(annotation(&cached));
+    }
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    let live = api.get_metadata(ns).await.map_err(|source| Error::Kube {
+        action: format!("read namespace {ns} (its project annotation)"),
+        source,
+    })?;
+    Ok(annotation(&live))
 }
 
 /// Why a resource cannot go on: the reason and message of `Ready`.

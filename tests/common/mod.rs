@@ -3,6 +3,8 @@
 //! against them, scoped to one namespace.
 #![allow(dead_code)]
 
+pub mod api_proxy;
+
 use std::sync::Arc;
 use std::time::Duration;
 

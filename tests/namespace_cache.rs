@@ -1,0 +1,80 @@
+//! A bucket is created in the project its namespace's annotation names when
+//! the resource is created, even when the operator's namespace cache has
+//! not caught up with the annotation (a namespace created or annotated just
+//! before its resources, as `kubectl apply -f` of one file does): a bucket
+//! created in the wrong project cannot be moved.
+//!
+//! The operator talks to the API server through the test's proxy, which
+//! answers every namespace watch with a stream that stays open and never
+//! sends an event: the operator's cache keeps the namespace as first listed,
+//! without the annotation.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bucketmap::controller::PROJECT_ANNOTATION;
+use common::api_proxy::{self, is_watch_of};
+use common::{Fixture, PROJECT, physical};
+
+type TestResult = anyhow::Result<()>;
+
+/// A watch that is open and silent for as long as the client listens.
+fn silent_watch() -> Response {
+    let never = futures::stream::pending::<Result<Bytes, Infallible>>();
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(never),
+    )
+        .into_response()
+}
+
+fn project_of(g: &bucketmap::crd::Gcs) -> Option<String> {
+    g.status.as_ref().and_then(|s| s.project_id.clone())
+}
+
+#[tokio::test]
+async fn a_new_bucket_goes_to_the_annotated_project_though_the_cache_missed_the_annotation()
+-> TestResult {
+    let f = Fixture::new().await?;
+    let silenced = Arc::new(AtomicUsize::new(0));
+    let count = silenced.clone();
+    let intercept = Arc::new(move |req: &Request| {
+        is_watch_of(req, "/api/v1/namespaces").then(|| {
+            count.fetch_add(1, Ordering::SeqCst);
+            silent_watch()
+        })
+    });
+    let addr = api_proxy::start(&f, intercept).await?;
+    let operator = api_proxy::start_operator_via(&f, addr).await?;
+
+    // Ready proves the operator has listed the namespace (its caches synced).
+    f.create("before", serde_json::json!({"bucketName": "before"}))
+        .await?;
+    let before = f.wait_ready("before").await?;
+    assert_eq!(project_of(&before).as_deref(), Some(PROJECT));
+    assert!(
+        silenced.load(Ordering::SeqCst) > 0,
+        "the operator's namespace watch did not go through the proxy"
+    );
+
+    f.annotate_namespace(PROJECT_ANNOTATION, "team-project")
+        .await?;
+    f.create("after", serde_json::json!({"bucketName": "after"}))
+        .await?;
+    let after = f.wait_ready("after").await?;
+    assert_eq!(project_of(&after).as_deref(), Some("team-project"));
+    assert_eq!(
+        f.gcs.bucket_project(&physical(&after)).as_deref(),
+        Some("team-project"),
+        "the bucket was created in another project than the namespace's"
+    );
+    operator.abort();
+    Ok(())
+}
