@@ -98,6 +98,9 @@ pub enum Error {
     /// The bucket map could not be written.
     #[error("bucket map: {0}")]
     Publish(String),
+    /// A namespace could not be read from the API server.
+    #[error("{0}")]
+    NamespaceRead(String),
     /// Adding or removing the finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -107,7 +110,7 @@ impl Error {
     /// A short label for metrics.
     pub fn metric_label(&self) -> String {
         match self {
-            Error::Kube { .. } => "kube".into(),
+            Error::Kube { .. } | Error::NamespaceRead(_) => "kube".into(),
             Error::Gcs(e) => format!("gcs_{}", e.code_label().to_ascii_lowercase()),
             Error::DeletionBlocked(_) => "deletion_blocked".into(),
             Error::MissingField(_) => "missing_field".into(),

@@ -44,12 +44,26 @@ async fn a_new_bucket_goes_to_the_annotated_project_though_the_cache_missed_the_
 -> TestResult {
     let f = Fixture::new().await?;
     let silenced = Arc::new(AtomicUsize::new(0));
-    let count = silenced.clone();
+    let (listed, got) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (count, lists, gets) = (silenced.clone(), listed.clone(), got.clone());
     let intercept = Arc::new(move |req: &Request| {
-        is_watch_of(req, "/api/v1/namespaces").then(|| {
+        if is_watch_of(req, "/api/v1/namespaces") {
             count.fetch_add(1, Ordering::SeqCst);
-            silent_watch()
-        })
+            return Some(silent_watch());
+        }
+        let query = req.uri().query().unwrap_or_default();
+        match req.uri().path() {
+            "/api/v1/namespaces" if query.contains("labelSelector=") => {
+                lists.fetch_add(1, Ordering::SeqCst)
+            }
+            path if path.starts_with("/api/v1/namespaces/")
+                && !path["/api/v1/namespaces/".len()..].contains('/') =>
+            {
+                gets.fetch_add(1, Ordering::SeqCst)
+            }
+            _ => 0,
+        };
+        None
     });
     let addr = api_proxy::start(&f, intercept).await?;
     let operator = api_proxy::start_operator_via(&f, addr).await?;
@@ -75,6 +89,10 @@ async fn a_new_bucket_goes_to_the_annotated_project_though_the_cache_missed_the_
         Some("team-project"),
         "the bucket was created in another project than the namespace's"
     );
+    // The reads selected the namespace by its name label (one consistent
+    // LIST per round), with no GET needed as a fallback.
+    assert!(listed.load(Ordering::SeqCst) >= 2, "{listed:?}");
+    assert_eq!(got.load(Ordering::SeqCst), 0);
     operator.abort();
     Ok(())
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use google_cloud_storage::model::Bucket;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -53,7 +52,7 @@ pub(super) async fn apply(
     // are admitted at once (src/slots.rs). Boxed, a phase's state exists only
     // while it runs.
     phase!(Box::pin(validate(&obj, ctx, status)).await?);
-    let project = phase!(Box::pin(resolve_project(&obj, ctx, status)).await?);
+    let project = phase!(Box::pin(resolve_project(&obj, ctx, status, slot)).await?);
     let uid = obj.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
     let owner = naming::owner_id(&uid);
@@ -107,9 +106,10 @@ async fn resolve_project(
     obj: &Gcs,
     ctx: &Context,
     status: &mut StatusWriter<'_>,
+    slot: &mut Slot,
 ) -> Result<ControlFlow<Action, String>> {
     let ns = obj.namespace().unwrap_or_default();
-    let annotated = namespace_project(ctx, &ns, &status.status).await?;
+    let annotated = namespace_project(ctx, &ns, &status.status, slot).await?;
     let resolved = project_for(
         &ns,
         obj.spec.project_id.as_deref(),
@@ -127,15 +127,19 @@ async fn resolve_project(
 }
 
 /// The project annotation of namespace `ns`. The cache answers for a
-/// resource whose bucket exists (its project is recorded and pinned); for
-/// one whose bucket may be created now, or whose namespace the cache has
-/// not seen yet, the namespace is read from the API server: the cache can
-/// lag behind a namespace created or annotated just before the resource,
-/// and a bucket created in the wrong project cannot be moved.
+/// resource whose bucket name is recorded (its project was recorded with
+/// it, before the bucket was created, and is pinned). For one whose project
+/// is chosen now, or whose namespace the cache has not seen yet, the
+/// namespace is read from the API server: the cache can lag behind a
+/// namespace created or annotated just before the resource, and a bucket
+/// created in the wrong project cannot be moved. Reads are shared by the
+/// resources that ask at once (module `namespaces`); waiting for one gives
+/// the work slot to another reconcile.
 async fn namespace_project(
     ctx: &Context,
     ns: &str,
     recorded: &GcsStatus,
+    slot: &mut Slot,
 ) -> Result<Option<String>> {
     let annotation =
         |meta: &PartialObjectMeta<Namespace>| meta.annotations().get(PROJECT_ANNOTATION).cloned();
@@ -144,12 +148,8 @@ async fn namespace_project(
     {
         return Ok(annotation(&cached));
     }
-    let api: Api<Namespace> = Api::all(ctx.client.clone());
-    let live = api.get_metadata(ns).await.map_err(|source| Error::Kube {
-        action: format!("read namespace {ns} (its project annotation)"),
-        source,
-    })?;
-    Ok(annotation(&live))
+    slot.released_while(ctx.namespace_reads.project_annotation(ns))
+        .await?
 }
 
 /// Why a resource cannot go on: the reason and message of `Ready`.

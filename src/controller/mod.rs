@@ -15,6 +15,7 @@
 mod access;
 mod apply;
 mod cleanup;
+mod namespaces;
 mod status;
 mod watches;
 
@@ -109,6 +110,8 @@ pub struct Context {
     pub config: OperatorConfig,
     pacer: Pacer,
     namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// Live reads of namespaces, for a project chosen now.
+    namespace_reads: Arc<namespaces::NamespaceReads>,
     maps: Arc<BucketMaps>,
     secrets: Store<Secret>,
     /// The ServiceAccounts' metadata (their Workload Identity annotation).

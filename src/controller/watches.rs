@@ -62,6 +62,7 @@ pub async fn run(
         events: crate::events::Events::new(client.clone(), reporter(), metrics.clone()),
         pacer: Pacer::new(config.bucket_ops_interval),
         namespaces: namespaces.clone(),
+        namespace_reads: super::namespaces::NamespaceReads::new(client.clone()),
         service_accounts: service_accounts.clone(),
         namespaces_synced: Arc::default(),
         failures: FailureCounts::default(),

@@ -90,6 +90,8 @@ struct Report {
     to_ready: Duration,
     reconciles: f64,
     writes: BTreeMap<&'static str, f64>,
+    /// Namespace GETs per resource by all Ready.
+    namespace_reads: f64,
     api_time: Vec<(String, f64)>,
     apiserver_cpu: f64,
     baseline_apiserver_cpu: f64,
@@ -212,6 +214,7 @@ async fn measure_operator(
         to_ready,
         reconciles,
         writes: after.writes_since(&before, shape.resources),
+        namespace_reads: (after.namespace_reads - before.namespace_reads) / shape.resources as f64,
         api_time: after.time_since(&before, 6),
         apiserver_cpu: after.cpu - before.cpu,
         baseline_apiserver_cpu: 0.0,
@@ -340,6 +343,11 @@ fn print_writes(r: &Report) {
     println!(
         "- API writes per resource by all Ready: {}",
         writes.join(", ")
+    );
+    println!(
+        "- namespace reads per resource by all Ready: {:.3} (a new bucket's project is read \
+         from its namespace; reads shared per namespace)",
+        r.namespace_reads
     );
     match r.events_after_ready {
         Some(d) => println!(
