@@ -234,8 +234,8 @@ const WRITTEN: [(&str, &str); 4] = [
 /// The API server's counters at one moment.
 pub struct ApiCounters {
     pub cpu: f64,
-    /// GETs of one namespace (the operator reads a namespace's project
-    /// annotation when it chooses a new bucket's project).
+    /// GETs and LISTs of namespaces (the operator reads the namespace's
+    /// project annotation when it chooses a new bucket's project).
     pub namespace_reads: f64,
     writes: BTreeMap<&'static str, f64>,
     /// Seconds the API server spent on requests, by `resource verb`.
@@ -269,7 +269,8 @@ impl ApiCounters {
         Ok(ApiCounters {
             cpu: sample(&text, "process_cpu_seconds_total", |_| true),
             namespace_reads: sample(&text, "apiserver_request_total", |l| {
-                l.contains("resource=\"namespaces\"") && l.contains("verb=\"GET\"")
+                l.contains("resource=\"namespaces\"")
+                    && (l.contains("verb=\"GET\"") || l.contains("verb=\"LIST\""))
             }),
             writes,
             time: request_seconds(&text),

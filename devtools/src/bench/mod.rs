@@ -90,7 +90,7 @@ struct Report {
     to_ready: Duration,
     reconciles: f64,
     writes: BTreeMap<&'static str, f64>,
-    /// Namespace GETs per resource by all Ready.
+    /// Namespace GETs and LISTs per resource by all Ready.
     namespace_reads: f64,
     api_time: Vec<(String, f64)>,
     apiserver_cpu: f64,
@@ -346,7 +346,7 @@ fn print_writes(r: &Report) {
     );
     println!(
         "- namespace reads per resource by all Ready: {:.3} (a new bucket's project is read \
-         from its namespace; reads shared per namespace)",
+         from its namespace; reads shared by the reconciles waiting at once)",
         r.namespace_reads
     );
     match r.events_after_ready {
