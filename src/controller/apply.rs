@@ -9,9 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use google_cloud_storage::model::Bucket;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -141,12 +139,10 @@ async fn namespace_project(
     recorded: &GcsStatus,
     slot: &mut Slot,
 ) -> Result<Option<String>> {
-    let annotation =
-        |meta: &PartialObjectMeta<Namespace>| meta.annotations().get(PROJECT_ANNOTATION).cloned();
     if recorded.bucket_full_name.is_some()
         && let Some(cached) = ctx.namespaces.get(&ObjectRef::new(ns))
     {
-        return Ok(annotation(&cached));
+        return Ok(super::namespaces::project_annotation_of(&cached));
     }
     slot.released_while(ctx.namespace_reads.project_annotation(ns))
         .await?

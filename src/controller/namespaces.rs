@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
 use tokio::sync::oneshot;
 
 use super::PROJECT_ANNOTATION;
@@ -127,6 +128,11 @@ impl NamespaceReads {
     }
 }
 
+/// The project annotation of a namespace's metadata.
+pub(super) fn project_annotation_of(meta: &PartialObjectMeta<Namespace>) -> Option<String> {
+    meta.annotations().get(PROJECT_ANNOTATION).cloned()
+}
+
 /// The annotations of `names`: one consistent LIST selecting them by
 /// name, then a GET of any the LIST did not return (a namespace without
 /// the name label, or one that is gone: that GET fails).
@@ -136,13 +142,10 @@ async fn read(api: Api<Namespace>, names: Vec<String>) -> std::result::Result<An
         .list_metadata(&ListParams::default().labels(&selector))
         .await
         .map_err(|e| format!("cannot list namespaces {names:?} (their project annotation): {e}"))?;
-    let annotation = |meta: &kube::core::PartialObjectMeta<Namespace>| {
-        meta.annotations().get(PROJECT_ANNOTATION).cloned()
-    };
     let mut found: Annotations = listed
         .items
         .iter()
-        .map(|meta| (meta.name_any(), annotation(meta)))
+        .map(|meta| (meta.name_any(), project_annotation_of(meta)))
         .collect();
     for name in names {
         if let std::collections::hash_map::Entry::Vacant(missing) = found.entry(name) {
@@ -150,7 +153,7 @@ async fn read(api: Api<Namespace>, names: Vec<String>) -> std::result::Result<An
             let meta = api.get_metadata(name).await.map_err(|e| {
                 format!("cannot read namespace {name} (its project annotation): {e}")
             })?;
-            missing.insert(annotation(&meta));
+            missing.insert(project_annotation_of(&meta));
         }
     }
     Ok(found)

@@ -10,8 +10,6 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bucketmap::controller;
-use bucketmap::gcs::{GcsClient, GcsConfig};
 use tokio::task::JoinHandle;
 
 use super::Fixture;
@@ -95,20 +93,5 @@ pub async fn start(f: &Fixture, intercept: Intercept) -> anyhow::Result<SocketAd
 pub async fn start_operator_via(f: &Fixture, addr: SocketAddr) -> anyhow::Result<JoinHandle<()>> {
     let config = kube::Config::new(format!("http://{addr}").parse()?);
     let client = kube::Client::try_from(config).context("cannot build the proxied client")?;
-    let gcs = GcsClient::connect(
-        &GcsConfig {
-            endpoint: Some(f.mock.endpoint()),
-            anonymous: true,
-        },
-        f.metrics.clone(),
-    )
-    .await?;
-    Ok(tokio::spawn(controller::run(
-        client,
-        gcs,
-        f.metrics.clone(),
-        f.config.clone(),
-        || {},
-        std::future::pending(),
-    )))
+    f.spawn_operator(client, std::future::pending()).await
 }

@@ -87,6 +87,23 @@ impl Fixture {
     pub async fn start_operator(&mut self) -> anyhow::Result<()> {
         anyhow::ensure!(self.operator.is_none(), "operator already running");
         let client = self.env.client().await?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = self
+            .spawn_operator(client, async {
+                let _ = rx.await;
+            })
+            .await?;
+        self.operator = Some((tx, task));
+        Ok(())
+    }
+
+    /// The operator in-process against the mock GCS, talking to the API
+    /// server through `client`, until `shutdown` resolves.
+    pub async fn spawn_operator(
+        &self,
+        client: kube::Client,
+        shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    ) -> anyhow::Result<JoinHandle<()>> {
         let gcs = GcsClient::connect(
             &GcsConfig {
                 endpoint: Some(self.mock.endpoint()),
@@ -95,19 +112,14 @@ impl Fixture {
             self.metrics.clone(),
         )
         .await?;
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(controller::run(
+        Ok(tokio::spawn(controller::run(
             client,
             gcs,
             self.metrics.clone(),
             self.config.clone(),
             || {},
-            async {
-                let _ = rx.await;
-            },
-        ));
-        self.operator = Some((tx, task));
-        Ok(())
+            shutdown,
+        )))
     }
 
     /// Stops the operator abruptly, as a crash would (in-flight work is dropped).
