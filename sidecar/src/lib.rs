@@ -81,4 +81,5 @@ pub mod signing;
 pub mod telemetry;
 pub mod tls;
 pub mod upload;
+pub mod upstream;
 pub mod watch;

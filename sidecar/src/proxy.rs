@@ -14,10 +14,6 @@ use http::uri::{Authority, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tower::{Layer as _, Service};
 
 use crate::batch;
@@ -38,97 +34,7 @@ use crate::rewrite::xml::rewrite_xml;
 use crate::rewrite::{Direction, LinkBase, Translator};
 use crate::route::{RequestBody, Resource, ResponseBody, Route, virtual_host_bucket};
 use crate::upload;
-
-/// The pooled upstream client.
-pub type HttpClient = Client<UpstreamConnector, ProxyBody>;
-
-/// Each upstream TLS connection's buffer of records not yet written to its
-/// socket, in bytes. rustls's default is 64 KiB, which 64 concurrent
-/// uploads to a TLS upstream over HTTP/1.1 (64 connections) can fill at
-/// once. At 32 KiB their peak RSS fell from 20.5 to 19.8 MiB with
-/// single-stream TLS uploads as fast as before (1,346 against 1,340 MiB/s);
-/// at 16 KiB, 19.5 MiB but 6-10 % slower uploads: docs/BENCHMARKS.md.
-const TLS_SEND_BUFFER: usize = 32 * 1024;
-
-/// hyper-rustls's connector, with each TLS connection's send buffer capped
-/// at [`TLS_SEND_BUFFER`].
-#[derive(Clone, Debug)]
-pub struct UpstreamConnector(HttpsConnector<HttpConnector>);
-
-/// What [`UpstreamConnector`] connects.
-type UpstreamStream =
-    hyper_rustls::MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>;
-
-impl Service<Uri> for UpstreamConnector {
-    type Response = UpstreamStream;
-    type Error = BoxError;
-    type Future = BoxFuture<Result<UpstreamStream, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, dst: Uri) -> Self::Future {
-        let connecting = self.0.call(dst);
-        Box::pin(async move {
-            let mut stream = connecting.await?;
-            if let hyper_rustls::MaybeHttpsStream::Https(tls) = &mut stream {
-                let (_, connection) = tls.inner_mut().get_mut();
-                connection.set_buffer_limit(Some(TLS_SEND_BUFFER));
-            }
-            Ok(stream)
-        })
-    }
-}
-
-/// Builds the upstream client over rustls with the bundled webpki roots
-/// (distroless images have no CA store), or plain HTTP, speaking the HTTP
-/// version `http` (`--upstream-http`): both offered by ALPN (auto), HTTP/1.1
-/// only (a keep-alive pool) or HTTP/2 only (one multiplexed connection, h2c
-/// prior knowledge on http://).
-pub fn build_client(
-    connect_timeout: Duration,
-    pool_idle_timeout: Duration,
-    tls: rustls::ClientConfig,
-    http: UpstreamHttp,
-) -> anyhow::Result<HttpClient> {
-    let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http();
-    let https = match http {
-        UpstreamHttp::Auto => builder
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(tcp_connector(connect_timeout)),
-        UpstreamHttp::Http1 => builder
-            .enable_http1()
-            .wrap_connector(tcp_connector(connect_timeout)),
-        UpstreamHttp::Http2 => builder
-            .enable_http2()
-            .wrap_connector(tcp_connector(connect_timeout)),
-    };
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(pool_idle_timeout)
-        // hyper lets each upstream connection's read buffer grow to ~400 KiB;
-        // with many concurrent streams that dominates the sidecar's memory.
-        // At 32 KiB, 64 concurrent streams peak at 19.4 MiB (plain upstream)
-        // and 21.4 MiB (TLS, HTTP/1.1), against 21.3 and 23.8 MiB at 64 KiB,
-        // for single-stream TLS downloads of 787 against 906 MiB/s (16 KiB:
-        // 621 MiB/s): docs/BENCHMARKS.md.
-        .http1_max_buf_size(32 * 1024)
-        .http2_only(http == UpstreamHttp::Http2)
-        .build(UpstreamConnector(https)))
-}
-
-/// The TCP side of the upstream clients' connectors: https:// URLs allowed
-/// (TLS is layered on top), `connect_timeout`, no Nagle delay.
-pub fn tcp_connector(connect_timeout: Duration) -> HttpConnector {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
-    http
-}
+use crate::upstream::UpstreamClient;
 
 /// Behaviour switches of the proxy.
 #[derive(Clone, Debug)]
@@ -159,7 +65,7 @@ pub struct ConnectionLocalAddr(pub SocketAddr);
 pub struct Proxy {
     pub(crate) mapping: Arc<MappingStore>,
     /// The upstream client, under the upstream timeout.
-    upstream: UpstreamTimeout<HttpClient>,
+    upstream: UpstreamTimeout<UpstreamClient>,
     upstream_scheme: Scheme,
     upstream_authority: Authority,
     /// Where links in requests point: the upstream.
@@ -221,7 +127,7 @@ impl Proxy {
     /// operation table is broken.
     pub fn new(
         mapping: Arc<MappingStore>,
-        client: HttpClient,
+        client: UpstreamClient,
         upstream: &Uri,
         metrics: Arc<Metrics>,
         settings: ProxySettings,
@@ -558,13 +464,12 @@ impl Proxy {
     }
 
     /// One call of the upstream client through the upstream timeout. The
-    /// client is always ready (hyper-util's `Client::poll_ready` is
-    /// `Ready(Ok)`), so it is called without waiting for readiness, and
-    /// through `&Client`, without a clone.
+    /// client is always ready (it waits for a connection inside the call),
+    /// so it is called without waiting for readiness, through a borrow.
     fn call_upstream(
         &self,
         request: Request<ProxyBody>,
-    ) -> TimeoutFuture<hyper_util::client::legacy::ResponseFuture> {
+    ) -> TimeoutFuture<<&UpstreamClient as Service<Request<ProxyBody>>>::Future> {
         self.upstream.by_ref().call(request)
     }
 

@@ -26,7 +26,8 @@ use crate::layers::record::RecordLayer;
 use crate::layers::refuse::RefuseLayer;
 use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
-use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings, build_client};
+use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings};
+use crate::upstream::build_client;
 
 /// Connection-level limits.
 #[derive(Clone, Copy, Debug)]
@@ -183,6 +184,7 @@ fn build_proxy(
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<Arc<Proxy>> {
     let client = build_client(
+        &config.upstream,
         config.connect_timeout,
         config.pool_idle_timeout,
         tls,

@@ -1,7 +1,7 @@
 //! The HTTP relay: this bench binary again, as a child process, forwarding
 //! each HTTP/1.1 request to the upstream and its answer back with the
-//! machinery the sidecar is built on (a hyper server, hyper-util's pooled
-//! client, one tokio thread) and nothing else: no routing, no rewriting,
+//! machinery the sidecar is built on (a hyper server, the sidecar's
+//! upstream client of `bucketmap_sidecar::upstream`, one tokio thread) and nothing else: no routing, no rewriting,
 //! no layers. What it costs above the TCP relay is the price of speaking
 //! HTTP with hyper; what the sidecar costs above it is the sidecar's own
 //! work. Counted in the instructions phase, next to nginx-rewrite.
@@ -33,11 +33,18 @@ pub(crate) fn http_relay_main(spec: &str) -> std::process::ExitCode {
 
 async fn serve(listen: String, upstream: String) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen).await?;
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: Client<HttpConnector, Incoming> =
-        Client::builder(TokioExecutor::new()).build(connector);
     let base: Arc<str> = format!("http://{upstream}").into();
+    let client = Arc::new(bucketmap_sidecar::upstream::build_client(
+        &base.parse()?,
+        Duration::from_secs(5),
+        Duration::from_secs(90),
+        // A plain upstream: no certificate is ever checked.
+        rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        bucketmap_sidecar::config::UpstreamHttp::Http1,
+    )?);
     loop {
         let (inbound, _) = listener.accept().await?;
         let _ = inbound.set_nodelay(true);
@@ -54,13 +61,18 @@ async fn serve(listen: String, upstream: String) -> Result<()> {
 /// Sends `req` to the upstream at `base` as it came, path and headers
 /// included, and answers with the upstream's response as it came.
 async fn forward(
-    client: Client<HttpConnector, Incoming>,
+    client: Arc<bucketmap_sidecar::upstream::UpstreamClient>,
     base: Arc<str>,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
 ) -> Result<Response<Incoming>> {
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    *req.uri_mut() = format!("{base}{path}").parse::<Uri>()?;
-    Ok(client.request(req).await?)
+    let uri = format!("{base}{path}").parse::<Uri>()?;
+    let mut req = req.map(|body| {
+        body.map_err(bucketmap_sidecar::body::BoxError::from)
+            .boxed()
+    });
+    *req.uri_mut() = uri;
+    Ok(client.send(req).await?)
 }
 
 /// Starts the HTTP relay to `upstream` on a free port; ready once a

@@ -19,7 +19,7 @@ pub(crate) struct Tls {
     pub(crate) client: rustls::ClientConfig,
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

@@ -45,7 +45,7 @@ pub fn build_grpc_client(
         .with_tls_config(tls)
         .https_or_http()
         .enable_http2()
-        .wrap_connector(crate::proxy::tcp_connector(connect_timeout));
+        .wrap_connector(crate::upstream::tcp_connector(connect_timeout));
     Ok(Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build(https))

@@ -26,8 +26,9 @@ use bucketmap_sidecar::config::UpstreamHttp;
 use bucketmap_sidecar::grpc::service::{GrpcProxy, GrpcSettings, build_grpc_client};
 use bucketmap_sidecar::mapping::{Mapping, MappingStore};
 use bucketmap_sidecar::metrics::Metrics;
-use bucketmap_sidecar::proxy::{Proxy, ProxySettings, build_client};
+use bucketmap_sidecar::proxy::{Proxy, ProxySettings};
 use bucketmap_sidecar::server::{ServerSettings, proxy_stack, serve};
+use bucketmap_sidecar::upstream::build_client;
 
 pub const PHYSICAL: &str = "photos-k3x9q2mw";
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -243,6 +244,7 @@ fn proxy(
         upstream_http: options.upstream_http,
     };
     let client = build_client(
+        &upstream.url(),
         Duration::from_secs(5),
         Duration::from_secs(30),
         tls(options.upstream_ca_file.as_deref()),
