@@ -21,7 +21,7 @@ use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_cap
 use crate::config::UpstreamHttp;
 use crate::encoding::{Encoding, Gunzip, GunzipError, content_encoding, gunzip};
 use crate::errors::ApiError;
-use crate::layers::refuse::{METHOD_OVERRIDE, Routed};
+use crate::layers::refuse::{METHOD_OVERRIDE_HEADER, Routed};
 use crate::layers::timeout::{TimeoutFuture, UpstreamError, UpstreamTimeout, UpstreamTimeoutLayer};
 use crate::layers::{BoxFuture, labelled, rejection};
 use crate::mapping::{Mapping, MappingStore};
@@ -118,9 +118,6 @@ static COPY_SOURCE_HEADERS: [HeaderName; 2] = [
     HeaderName::from_static("x-goog-copy-source"),
     HeaderName::from_static("x-amz-copy-source"),
 ];
-
-/// `X-HTTP-Method-Override`, parsed once.
-static METHOD_OVERRIDE_HEADER: HeaderName = HeaderName::from_static(METHOD_OVERRIDE);
 
 impl Proxy {
     /// Fails when `upstream` lacks a scheme or host, or the JSON API's

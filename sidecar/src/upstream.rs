@@ -150,7 +150,8 @@ pub struct UpstreamClient {
     /// Held while an HTTP/2 connection is being made: requests meanwhile
     /// wait for it rather than open their own.
     connecting: tokio::sync::Mutex<()>,
-    /// The upstream picked HTTP/2 by ALPN (auto): no more HTTP/1.1.
+    /// The upstream picked HTTP/2 by ALPN on the latest connection (auto,
+    /// and set under HTTP/2 only too, which ignores it).
     alpn_h2: AtomicBool,
 }
 
@@ -351,6 +352,9 @@ impl UpstreamClient {
             UpstreamHttp::Http1 => false,
             UpstreamHttp::Auto => io.connected().is_negotiated_h2(),
         };
+        // Under ALPN the upstream's latest choice holds (one that stops
+        // offering HTTP/2 gets a keep-alive pool again).
+        self.alpn_h2.store(http2, Ordering::Relaxed);
         if !http2 {
             let (mut sender, conn) = http1::Builder::new()
                 .max_buf_size(HTTP1_MAX_BUF)
@@ -368,7 +372,6 @@ impl UpstreamClient {
         tokio::spawn(drive(conn));
         sender.ready().await.map_err(|e| connect_error(e.into()))?;
         *lock(&self.shared) = Some(sender.clone());
-        self.alpn_h2.store(true, Ordering::Relaxed);
         Ok(Checkout::Http2(sender))
     }
 }

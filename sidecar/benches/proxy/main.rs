@@ -41,8 +41,8 @@
 //!   (HTTP/1.1 by ALPN) while taking plaintext, as the sidecar does: the
 //!   floor of any proxy in that position, TLS and copies and nothing else;
 //! - HTTP relay (plain upstreams, [`hyper_relay`]): this binary forwarding
-//!   each request with the sidecar's HTTP machinery (hyper server,
-//!   hyper-util pooled client, one tokio thread) and no logic: the floor of
+//!   each request with the sidecar's HTTP machinery (hyper server, the
+//!   sidecar's upstream client, one tokio thread) and no logic: the floor of
 //!   any proxy built on hyper;
 //! - nginx and nginx-rewrite ([`nginx`]; Debian's nginx 1.22 from
 //!   `tools/nginx/install.sh`, skipped with a note when it cannot be had);

@@ -56,7 +56,7 @@ impl Report {
         if !self.instructions.is_empty() {
             let _ = writeln!(
                 out,
-                "\n### Instructions per metadata request\n\nCounted by callgrind over {COUNTED_REQUESTS} sequential `GET /storage/v1/b/B/o/x` through each proxy (after a warm-up): every instruction of the process, runtime, libc and TLS library included, the kernel's excluded. These counts do not depend on the machine's load. The HTTP relay forwards with the sidecar's HTTP machinery (hyper server, hyper-util pooled client, one tokio thread) and nothing else: the sidecar's own work is what it counts above it. On the TLS upstream, the production shape, every proxy also speaks TLS to the upstream.\n"
+                "\n### Instructions per metadata request\n\nCounted by callgrind over {COUNTED_REQUESTS} sequential `GET /storage/v1/b/B/o/x` through each proxy (after a warm-up): every instruction of the process, runtime, libc and TLS library included, the kernel's excluded. These counts do not depend on the machine's load. The HTTP relay forwards with the sidecar's HTTP machinery (hyper server, the sidecar's upstream client, one tokio thread) and nothing else: the sidecar's own work is what it counts above it. On the TLS upstream, the production shape, every proxy also speaks TLS to the upstream.\n"
             );
             for counts in &self.instructions {
                 counts.render(&mut out);

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::HeaderMap;
+use http::header::{HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response};
 use tower::{Layer, Service};
@@ -220,12 +220,16 @@ fn push_physical_path(
 /// to send a PATCH as a POST.
 pub const METHOD_OVERRIDE: &str = "x-http-method-override";
 
+/// [`METHOD_OVERRIDE`] as a header name, parsed once (a `&str` name is
+/// parsed and hashed on every lookup).
+pub static METHOD_OVERRIDE_HEADER: HeaderName = HeaderName::from_static(METHOD_OVERRIDE);
+
 /// The method a request is routed and forwarded as: `X-HTTP-Method-Override`
 /// is honoured on a POST (the upstream then gets the real method, without
 /// the header); on any other method, or given twice, or naming a method GCS
 /// does not serve, it is refused.
 fn effective_method(method: &Method, headers: &HeaderMap) -> Result<Method, ApiError> {
-    let mut values = headers.get_all(METHOD_OVERRIDE).iter();
+    let mut values = headers.get_all(&METHOD_OVERRIDE_HEADER).iter();
     let Some(value) = values.next() else {
         return Ok(method.clone());
     };
