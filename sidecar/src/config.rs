@@ -160,7 +160,8 @@ pub struct Config {
     #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub upstream_timeout: Duration,
 
-    /// How long idle upstream connections are kept in the pool.
+    /// How long an idle upstream connection is kept for reuse; past it, it is
+    /// not reused and is closed (within twice this time).
     #[arg(long, default_value = "90s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub pool_idle_timeout: Duration,
 

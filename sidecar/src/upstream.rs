@@ -17,7 +17,7 @@
 //! HTTP/2, requests share that connection, and only one is opened at a time.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -113,7 +113,30 @@ pub fn build_client(
         UpstreamHttp::Http1 => builder.enable_http1().wrap_connector(tcp),
         UpstreamHttp::Http2 => builder.enable_http2().wrap_connector(tcp),
     };
-    UpstreamClient::new(UpstreamConnector(https), origin, http, idle_timeout)
+    let client = UpstreamClient::new(UpstreamConnector(https), origin, http, idle_timeout)?;
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(close_idle(Arc::downgrade(&client.idle), idle_timeout));
+    }
+    Ok(client)
+}
+
+/// Closes the HTTP/1.1 connections idle longer than `idle_timeout` (and
+/// forgets closed ones), checking every `idle_timeout` (at least every
+/// second), until the client is gone. Checkouts skip expired ones too.
+async fn close_idle(idle: Weak<Mutex<Vec<Idle>>>, idle_timeout: Duration) {
+    let mut every = tokio::time::interval(idle_timeout.max(Duration::from_secs(1)));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(idle) = idle.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        lock(&idle).retain(|entry| {
+            let expired = entry.sender.is_ready() && now.duration_since(entry.since) > idle_timeout;
+            !expired && !entry.sender.is_closed()
+        });
+    }
 }
 
 /// An upstream call that failed before a response head arrived.
@@ -143,8 +166,9 @@ pub struct UpstreamClient {
     /// `Host` of HTTP/1.1 requests that carry none, as hyper-util set it.
     host: HeaderValue,
     /// HTTP/1.1 connections not in use, or finishing a response body; the
-    /// most recently used last.
-    idle: Mutex<Vec<Idle>>,
+    /// most recently used last. Shared with the task that closes the ones
+    /// idle too long ([`close_idle`]).
+    idle: Arc<Mutex<Vec<Idle>>>,
     /// The HTTP/2 connection, once there is one.
     shared: Mutex<Option<http2::SendRequest<ProxyBody>>>,
     /// Held while an HTTP/2 connection is being made: requests meanwhile
@@ -214,7 +238,7 @@ impl UpstreamClient {
             http,
             idle_timeout,
             host,
-            idle: Mutex::new(Vec::new()),
+            idle: Arc::default(),
             shared: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             alpn_h2: AtomicBool::new(false),
@@ -461,6 +485,8 @@ mod tests {
     struct Counting {
         addr: SocketAddr,
         connections: Arc<AtomicUsize>,
+        /// Connections that have ended.
+        ended: Arc<AtomicUsize>,
     }
 
     impl Counting {
@@ -468,14 +494,23 @@ mod tests {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
             let connections = Arc::new(AtomicUsize::new(0));
-            let accepted = connections.clone();
+            let ended = Arc::new(AtomicUsize::new(0));
+            let (accepted, finished) = (connections.clone(), ended.clone());
             tokio::spawn(async move {
                 while let Ok((tcp, _)) = listener.accept().await {
                     accepted.fetch_add(1, Ordering::SeqCst);
-                    tokio::spawn(serve(TokioIo::new(tcp), http2, close_after));
+                    let finished = finished.clone();
+                    tokio::spawn(async move {
+                        serve(TokioIo::new(tcp), http2, close_after).await;
+                        finished.fetch_add(1, Ordering::SeqCst);
+                    });
                 }
             });
-            Self { addr, connections }
+            Self {
+                addr,
+                connections,
+                ended,
+            }
         }
 
         fn connections(&self) -> usize {
@@ -617,6 +652,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn connections_idle_past_the_timeout_are_closed_without_a_request() {
+        let upstream = Counting::start(false, None).await;
+        let client = upstream.client(UpstreamHttp::Http1, Duration::from_millis(50));
+        get(&client, upstream.uri("/a")).await;
+        assert_eq!(upstream.ended.load(Ordering::SeqCst), 0);
+        // The closing task looks every second at the shortest.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(lock(&client.idle).is_empty());
+        assert_eq!(
+            upstream.ended.load(Ordering::SeqCst),
+            1,
+            "the upstream saw it close"
+        );
+    }
+
+    #[tokio::test]
     async fn http2_requests_share_one_connection_opened_once() {
         let upstream = Counting::start(true, None).await;
         let client = Arc::new(upstream.client(UpstreamHttp::Http2, Duration::from_secs(90)));
@@ -646,6 +697,7 @@ mod tests {
         let upstream = Counting {
             addr,
             connections: Arc::default(),
+            ended: Arc::default(),
         };
         let client = upstream.client(UpstreamHttp::Http1, Duration::from_secs(90));
         let request = Request::get(upstream.uri("/"))
