@@ -221,7 +221,7 @@ pub fn build_grpc_proxy(
         max_message_bytes: config.grpc_max_message_bytes,
     };
     Ok(Arc::new(GrpcProxy::new(
-        build_grpc_client(config.connect_timeout, tls)?,
+        build_grpc_client(&config.grpc_upstream, config.connect_timeout, tls)?,
         settings,
         store.clone(),
         metrics.clone(),

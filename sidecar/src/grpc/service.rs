@@ -10,10 +10,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body::Body;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tonic::{Code, Status};
 
 use super::frame::Message;
@@ -24,31 +20,37 @@ use super::table::Rpc;
 use super::{Names, headers, status};
 use crate::auth::Auth;
 use crate::body::{BoxError, ProxyBody, boxed, empty};
+use crate::config::UpstreamHttp;
 use crate::layers::{Rejected, labelled};
 use crate::mapping::MappingStore;
 use crate::metrics::{GrpcLabels, Metrics};
 use crate::rewrite::Direction;
+use crate::upstream::{UpstreamClient, build_client};
 
-/// The HTTP/2 client of the gRPC upstream: one multiplexed connection pool.
-pub type GrpcClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+/// The HTTP/2 client of the gRPC upstream: one multiplexed connection.
+pub type GrpcClient = UpstreamClient;
 
 /// The operation label of gRPC calls in the request log and metrics.
 pub const OPERATION: &str = "grpc";
 
-/// Builds the upstream client: HTTP/2 only (ALPN `h2` over TLS for
-/// https://, prior knowledge for http://), with the roots of `tls`.
+/// Builds the client of the gRPC upstream `upstream`: HTTP/2 only (ALPN
+/// `h2` over TLS for https://, prior knowledge for http://), with the roots
+/// of `tls`.
 pub fn build_grpc_client(
+    upstream: &Uri,
     connect_timeout: std::time::Duration,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<GrpcClient> {
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http2()
-        .wrap_connector(crate::upstream::tcp_connector(connect_timeout));
-    Ok(Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build(https))
+    // One HTTP/2 connection, kept while the upstream keeps it: the idle
+    // timeout applies to HTTP/1.1 connections only.
+    let idle_timeout = std::time::Duration::from_secs(90);
+    build_client(
+        upstream,
+        connect_timeout,
+        idle_timeout,
+        tls,
+        UpstreamHttp::Http2,
+    )
 }
 
 /// Settings of the gRPC path.
@@ -348,7 +350,7 @@ impl GrpcProxy {
         B::Error: Into<BoxError> + std::fmt::Display,
     {
         let upstream = self.upstream_request(rpc, req, names, failed).await?;
-        self.client.request(upstream).await.map_err(|e| {
+        self.client.send(upstream).await.map_err(|e| {
             failed.take().unwrap_or_else(|| {
                 Status::unavailable(format!(
                     "bucketmap-sidecar cannot reach the gRPC upstream {}: {e}",

@@ -278,6 +278,7 @@ impl Sidecar {
         };
         let grpc = Arc::new(GrpcProxy::new(
             build_grpc_client(
+                &upstream.url(),
                 Duration::from_secs(5),
                 tls(options.upstream_ca_file.as_deref()),
             )
