@@ -353,8 +353,8 @@ impl GrpcProxy {
         self.client.send(upstream).await.map_err(|e| {
             failed.take().unwrap_or_else(|| {
                 Status::unavailable(format!(
-                    "bucketmap-sidecar cannot reach the gRPC upstream {}: {e}",
-                    self.settings.upstream
+                    "bucketmap-sidecar cannot reach the gRPC upstream: {}",
+                    crate::layers::timeout::error_chain(&e)
                 ))
             })
         })

@@ -163,7 +163,9 @@ fn find_source<'e, E: std::error::Error + 'static>(
     None
 }
 
-fn error_chain(err: &dyn std::error::Error) -> String {
+/// `err` and its sources, joined by `: ` (what a log line or an answer
+/// should say of a failure several layers deep).
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
     while let Some(inner) = source {

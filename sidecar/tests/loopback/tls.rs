@@ -105,8 +105,11 @@ async fn an_upstream_the_sidecar_cannot_verify_is_refused() {
     let sidecar = Sidecar::start(&upstream, Options::default()).await;
     let json = sidecar.get("/storage/v1/b/photos/o/a").await;
     assert_eq!(json.status, 502, "{}", json.text());
+    // Both answers say why, down to the TLS failure.
+    assert!(json.text().contains("certificate"), "{}", json.text());
     let answer = call(&sidecar, get_object()).await;
     assert_eq!(answer.code, Some(14), "UNAVAILABLE: {}", answer.message);
+    assert!(answer.message.contains("certificate"), "{}", answer.message);
     assert!(upstream.seen().is_empty());
 }
 
