@@ -73,9 +73,6 @@ pub struct Proxy {
     /// The authority of links to the configured listen address, formatted
     /// once: most connections arrive on it.
     listen_authority: String,
-    /// The `Host` of upstream requests when they are HTTP/1.1, built once
-    /// (the client would format it for every request).
-    upstream_host: Option<HeaderValue>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: ProxySettings,
 }
@@ -144,11 +141,6 @@ impl Proxy {
             authority: upstream_authority.to_string(),
             virtual_host: None,
         };
-        let upstream_host = upstream_host(
-            &upstream_scheme,
-            &upstream_authority,
-            settings.upstream_http,
-        )?;
         let upstream = UpstreamTimeoutLayer::new(settings.upstream_timeout).layer(client);
         let listen_authority = loopback_if_unspecified(settings.listen).to_string();
         Ok(Self {
@@ -158,7 +150,6 @@ impl Proxy {
             upstream_authority,
             upstream_links,
             listen_authority,
-            upstream_host,
             metrics,
             settings,
         })
@@ -228,11 +219,6 @@ impl Proxy {
         *upstream_req.method_mut() = method.clone();
         *upstream_req.uri_mut() = target;
         *upstream_req.headers_mut() = headers;
-        if let Some(host) = &self.upstream_host {
-            upstream_req
-                .headers_mut()
-                .insert(header::HOST, host.clone());
-        }
         let response = self.send(upstream_req, routed.operation).await?;
         self.translate_response(response, &routed, &method, &to_logical, batch_plan.as_ref())
             .await
@@ -743,37 +729,6 @@ fn replaced_body(headers: &mut HeaderMap, original: Bytes, new: Option<Vec<u8>>)
     full(bytes)
 }
 
-/// The `Host` header of HTTP/1.1 upstream requests, as hyper-util's client
-/// would set it (the host, and the port unless it is the scheme's default);
-/// `None` when the upstream may speak HTTP/2, which carries the authority in
-/// its `:authority` pseudo-header instead (the client then handles it).
-fn upstream_host(
-    scheme: &Scheme,
-    authority: &Authority,
-    http: UpstreamHttp,
-) -> anyhow::Result<Option<HeaderValue>> {
-    let http1 = match http {
-        UpstreamHttp::Http1 => true,
-        UpstreamHttp::Auto => *scheme == Scheme::HTTP,
-        UpstreamHttp::Http2 => false,
-    };
-    if !http1 {
-        return Ok(None);
-    }
-    let default_port = match scheme.as_str() {
-        "http" => Some(80),
-        "https" => Some(443),
-        _ => None,
-    };
-    let host = match authority.port_u16() {
-        Some(port) if Some(port) != default_port => format!("{}:{port}", authority.host()),
-        _ => authority.host().to_owned(),
-    };
-    HeaderValue::from_str(&host)
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("the upstream host {host:?} is no header value: {e}"))
-}
-
 fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     let mut headers = incoming.clone();
     headers.remove(&METHOD_OVERRIDE_HEADER);
@@ -889,48 +844,6 @@ mod tests {
             .iter()
             .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
             .collect()
-    }
-
-    #[test]
-    fn the_upstream_host_is_what_the_client_would_send_and_only_over_http1() {
-        let host = |url: &str, http: UpstreamHttp| {
-            let uri: Uri = url.parse().expect("url");
-            let (scheme, authority) = (
-                uri.scheme().expect("scheme"),
-                uri.authority().expect("host"),
-            );
-            upstream_host(scheme, authority, http)
-                .expect("host")
-                .map(|v| v.to_str().expect("ascii").to_owned())
-        };
-        let h1 = UpstreamHttp::Http1;
-        let cases = [
-            ("http://127.0.0.1:4443", h1, Some("127.0.0.1:4443")),
-            ("http://gcs.local:80", h1, Some("gcs.local")),
-            (
-                "https://storage.googleapis.com",
-                h1,
-                Some("storage.googleapis.com"),
-            ),
-            (
-                "https://storage.googleapis.com:443",
-                h1,
-                Some("storage.googleapis.com"),
-            ),
-            ("https://gcs.local:80", h1, Some("gcs.local:80")),
-            ("http://[::1]:9000", h1, Some("[::1]:9000")),
-            (
-                "http://gcs.local:8080",
-                UpstreamHttp::Auto,
-                Some("gcs.local:8080"),
-            ),
-            // HTTP/2 (or possibly HTTP/2, by ALPN) carries `:authority` instead.
-            ("https://storage.googleapis.com", UpstreamHttp::Auto, None),
-            ("http://127.0.0.1:4443", UpstreamHttp::Http2, None),
-        ];
-        for (url, http, want) in cases {
-            assert_eq!(host(url, http).as_deref(), want, "{url} over {http:?}");
-        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
+use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::{TrySendError, http1, http2};
@@ -132,10 +133,7 @@ async fn close_idle(idle: Weak<Mutex<Vec<Idle>>>, idle_timeout: Duration) {
             return;
         };
         let now = Instant::now();
-        lock(&idle).retain(|entry| {
-            let expired = entry.sender.is_ready() && now.duration_since(entry.since) > idle_timeout;
-            !expired && !entry.sender.is_closed()
-        });
+        lock(&idle).retain(|entry| !entry.expired(now, idle_timeout) && !entry.sender.is_closed());
     }
 }
 
@@ -207,6 +205,27 @@ struct Checked {
     reused: bool,
 }
 
+impl Checked {
+    fn reused(conn: Checkout) -> Self {
+        Checked { conn, reused: true }
+    }
+
+    fn fresh(conn: Checkout) -> Self {
+        Checked {
+            conn,
+            reused: false,
+        }
+    }
+}
+
+impl Idle {
+    /// Done with its last response (hyper has read the body) longer than
+    /// `idle_timeout` ago, as of `now`. One still busy never is.
+    fn expired(&self, now: Instant, idle_timeout: Duration) -> bool {
+        self.sender.is_ready() && now.duration_since(self.since) > idle_timeout
+    }
+}
+
 impl UpstreamClient {
     fn new(
         connector: UpstreamConnector,
@@ -222,16 +241,7 @@ impl UpstreamClient {
             .authority(authority.clone())
             .path_and_query("/")
             .build()?;
-        let default_port = match scheme.as_str() {
-            "https" => 443,
-            _ => 80,
-        };
-        let host = match authority.port_u16() {
-            Some(port) if port != default_port => format!("{}:{port}", authority.host()),
-            _ => authority.host().to_owned(),
-        };
-        let host = HeaderValue::from_str(&host)
-            .map_err(|e| anyhow::anyhow!("the upstream host {host:?} is no header value: {e}"))?;
+        let host = host_header(scheme, authority)?;
         Ok(Self {
             connector,
             origin,
@@ -278,16 +288,9 @@ impl UpstreamClient {
             return self.checkout_http2().await;
         }
         if let Some(sender) = self.take_idle() {
-            return Ok(Checked {
-                conn: Checkout::Http1(sender),
-                reused: true,
-            });
+            return Ok(Checked::reused(Checkout::Http1(sender)));
         }
-        let conn = self.connect().await?;
-        Ok(Checked {
-            conn,
-            reused: false,
-        })
+        Ok(Checked::fresh(self.connect().await?))
     }
 
     /// Whether requests go over the shared HTTP/2 connection.
@@ -298,23 +301,13 @@ impl UpstreamClient {
     /// The HTTP/2 connection, made first when there is none alive.
     async fn checkout_http2(&self) -> Result<Checked, CallError> {
         if let Some(sender) = self.live_shared() {
-            return Ok(Checked {
-                conn: Checkout::Http2(sender),
-                reused: true,
-            });
+            return Ok(Checked::reused(Checkout::Http2(sender)));
         }
         let _one_at_a_time = self.connecting.lock().await;
         if let Some(sender) = self.live_shared() {
-            return Ok(Checked {
-                conn: Checkout::Http2(sender),
-                reused: true,
-            });
+            return Ok(Checked::reused(Checkout::Http2(sender)));
         }
-        let conn = self.connect().await?;
-        Ok(Checked {
-            conn,
-            reused: false,
-        })
+        Ok(Checked::fresh(self.connect().await?))
     }
 
     fn live_shared(&self) -> Option<http2::SendRequest<ProxyBody>> {
@@ -339,7 +332,7 @@ impl UpstreamClient {
             } else if entry.sender.is_ready() {
                 let now = *now.get_or_insert_with(Instant::now);
                 let entry = idle.remove(at);
-                if now.duration_since(entry.since) <= self.idle_timeout {
+                if !entry.expired(now, self.idle_timeout) {
                     return Some(entry.sender);
                 }
             }
@@ -398,6 +391,25 @@ impl UpstreamClient {
         *lock(&self.shared) = Some(sender.clone());
         Ok(Checkout::Http2(sender))
     }
+}
+
+/// The `Host` of HTTP/1.1 requests to `scheme://authority`: the host, and
+/// the port unless it is the scheme's default (as hyper-util set it). The
+/// client adds it to every HTTP/1.1 request, which carries none (the
+/// application's own `Host` is not forwarded); HTTP/2 carries the
+/// authority in `:authority` instead.
+fn host_header(scheme: &Scheme, authority: &Authority) -> anyhow::Result<HeaderValue> {
+    let default_port = match scheme.as_str() {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    let host = match authority.port_u16() {
+        Some(port) if Some(port) != default_port => format!("{}:{port}", authority.host()),
+        _ => authority.host().to_owned(),
+    };
+    HeaderValue::from_str(&host)
+        .map_err(|e| anyhow::anyhow!("the upstream host {host:?} is no header value: {e}"))
 }
 
 /// Runs a connection's task until it closes; its failure reaches the
@@ -573,6 +585,31 @@ mod tests {
         let response = client.send(request).await.expect("an answer");
         let body = response.into_body().collect().await.expect("a body");
         String::from_utf8(body.to_bytes().to_vec()).expect("UTF-8")
+    }
+
+    #[test]
+    fn the_host_of_http1_requests_is_what_the_application_would_send() {
+        let cases = [
+            ("http://127.0.0.1:4443", "127.0.0.1:4443"),
+            ("http://gcs.local:80", "gcs.local"),
+            ("https://storage.googleapis.com", "storage.googleapis.com"),
+            (
+                "https://storage.googleapis.com:443",
+                "storage.googleapis.com",
+            ),
+            ("https://gcs.local:80", "gcs.local:80"),
+            ("http://[::1]:9000", "[::1]:9000"),
+            ("http://gcs.local:8080", "gcs.local:8080"),
+        ];
+        for (url, want) in cases {
+            let uri: Uri = url.parse().expect("url");
+            let (scheme, authority) = (
+                uri.scheme().expect("scheme"),
+                uri.authority().expect("host"),
+            );
+            let host = host_header(scheme, authority).expect("host");
+            assert_eq!(host.to_str().expect("ascii"), want, "{url}");
+        }
     }
 
     #[tokio::test]
