@@ -7,6 +7,7 @@
 //! resolves the call: finalizing a write, opening a read.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -393,12 +394,18 @@ async fn bidi_write(
     }
 }
 
+/// How long a stream that ended waits to learn whether the client reset it.
+const RESET_GRACE: Duration = Duration::from_millis(250);
+
 /// Whether the client reset the call rather than half-closing it: hyper
-/// ends a request body reset with CANCEL as a half-close, then drops the
-/// response body, which closes `tx`; yielding once lets it do so.
+/// ends a request body reset with CANCEL as a half-close, and its response
+/// task, woken by the same reset, then drops the response body, which
+/// closes `tx`. That task may run on another worker, later than this one
+/// (a single yield lost that race under load), so this waits up to
+/// [`RESET_GRACE`] for it; a client that half-closed keeps reading and
+/// only costs the grace.
 async fn client_gone<T>(tx: &mpsc::Sender<T>) -> bool {
-    tokio::task::yield_now().await;
-    tx.is_closed()
+    tokio::time::timeout(RESET_GRACE, tx.closed()).await.is_ok()
 }
 
 /// StartResumableWrite: a session later WriteObject / BidiWriteObject
