@@ -301,10 +301,15 @@ pub(crate) async fn write_object(
             Ok(Some(request)) => request,
             Ok(None) => {
                 // hyper ends a request body reset with CANCEL as if the
-                // client had half-closed it; yielding once lets hyper see
-                // the reset and drop this call (logged as cancelled by
-                // `StreamCall`) before it is answered as unfinished.
-                tokio::task::yield_now().await;
+                // client had half-closed it, then drops this call (logged
+                // as cancelled by `StreamCall`) from its response task,
+                // which may run later on another worker: a write that
+                // would be refused as unfinished waits for that first.
+                if stream.resumable {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(RESET_GRACE).await;
+                }
                 break;
             }
             Err(status) => return Err(stream.call.abandoned(status)),
