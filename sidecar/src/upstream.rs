@@ -115,7 +115,10 @@ pub fn build_client(
         UpstreamHttp::Http2 => builder.enable_http2().wrap_connector(tcp),
     };
     let client = UpstreamClient::new(UpstreamConnector(https), origin, http, idle_timeout)?;
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+    // HTTP/2 only never fills the HTTP/1.1 list: nothing to close.
+    if http != UpstreamHttp::Http2
+        && let Ok(runtime) = tokio::runtime::Handle::try_current()
+    {
         runtime.spawn(close_idle(Arc::downgrade(&client.idle), idle_timeout));
     }
     Ok(client)

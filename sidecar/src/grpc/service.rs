@@ -42,7 +42,7 @@ pub fn build_grpc_client(
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<GrpcClient> {
     // One HTTP/2 connection, kept while the upstream keeps it: the idle
-    // timeout applies to HTTP/1.1 connections only.
+    // timeout applies to HTTP/1.1 connections only (unused here).
     let idle_timeout = std::time::Duration::from_secs(90);
     build_client(
         upstream,
