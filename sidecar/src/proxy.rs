@@ -2,6 +2,7 @@
 //! [`crate::layers`] let through is rewritten, forwarded and its answer
 //! rewritten back.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -72,7 +73,11 @@ pub struct Proxy {
     upstream_links: LinkBase,
     /// The authority of links to the configured listen address, formatted
     /// once: most connections arrive on it.
-    listen_authority: String,
+    listen_authority: Arc<str>,
+    /// The scheme of links to the sidecar: `http`.
+    http_scheme: Arc<str>,
+    /// Where links in responses point when `--advertise-url` is set.
+    advertised_links: Option<LinkBase>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: ProxySettings,
 }
@@ -137,12 +142,17 @@ impl Proxy {
         // The JSON API's operation table: a broken document stops start-up.
         crate::discovery::check()?;
         let upstream_links = LinkBase {
-            scheme: upstream_scheme.to_string(),
-            authority: upstream_authority.to_string(),
+            scheme: Arc::from(upstream_scheme.as_str()),
+            authority: Arc::from(upstream_authority.as_str()),
             virtual_host: None,
         };
         let upstream = UpstreamTimeoutLayer::new(settings.upstream_timeout).layer(client);
-        let listen_authority = loopback_if_unspecified(settings.listen).to_string();
+        let listen_authority = Arc::from(loopback_if_unspecified(settings.listen).to_string());
+        let advertised_links = settings.advertise_url.as_ref().map(|url| LinkBase {
+            scheme: Arc::from(url.scheme_str().unwrap_or("http")),
+            authority: Arc::from(url.authority().map_or("", |a| a.as_str())),
+            virtual_host: None,
+        });
         Ok(Self {
             mapping,
             upstream,
@@ -150,6 +160,8 @@ impl Proxy {
             upstream_authority,
             upstream_links,
             listen_authority,
+            http_scheme: Arc::from("http"),
+            advertised_links,
             metrics,
             settings,
         })
@@ -238,32 +250,28 @@ impl Proxy {
         virtual_host: Option<String>,
         local: Option<SocketAddr>,
     ) -> LinkBase {
-        if let Some(url) = &self.settings.advertise_url {
-            return LinkBase {
-                scheme: url.scheme_str().unwrap_or("http").to_owned(),
-                authority: url.authority().map(|a| a.to_string()).unwrap_or_default(),
-                virtual_host: None,
-            };
+        if let Some(links) = &self.advertised_links {
+            return links.clone();
         }
         let listen = local.unwrap_or(self.settings.listen);
         let named = virtual_host.is_some() || listen.ip().is_unspecified();
         let authority = named.then(|| link_host(host)).flatten().map_or_else(
             || self.address_authority(listen),
-            |name| format!("{name}:{}", listen.port()),
+            |name| Arc::from(format!("{name}:{}", listen.port())),
         );
         LinkBase {
-            scheme: "http".to_owned(),
+            scheme: Arc::clone(&self.http_scheme),
             authority,
             virtual_host,
         }
     }
 
     /// `addr` as the authority of a link (loopback for an unspecified address).
-    fn address_authority(&self, addr: SocketAddr) -> String {
+    fn address_authority(&self, addr: SocketAddr) -> Arc<str> {
         if addr == self.settings.listen {
-            self.listen_authority.clone()
+            Arc::clone(&self.listen_authority)
         } else {
-            loopback_if_unspecified(addr).to_string()
+            Arc::from(loopback_if_unspecified(addr).to_string())
         }
     }
 
@@ -504,9 +512,11 @@ impl Proxy {
                 }
             }
         }
-        let content_type = header_str(&parts.headers, header::CONTENT_TYPE)
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+        let content_type = header_str(&parts.headers, header::CONTENT_TYPE).unwrap_or_default();
+        let content_type = match content_type.bytes().any(|b| b.is_ascii_uppercase()) {
+            true => Cow::Owned(content_type.to_ascii_lowercase()),
+            false => Cow::Borrowed(content_type),
+        };
         let Some(kind) = metadata_kind(routed, method, parts.status, &content_type) else {
             return Ok(Response::from_parts(parts, boxed(body)));
         };
@@ -524,8 +534,12 @@ impl Proxy {
             parts.headers.remove(header::CONTENT_ENCODING);
         }
         let new = translate_metadata(kind, &bytes, &parts, tr, batch_plan)?;
-        let body = replaced_body(&mut parts.headers, bytes, new);
-        Ok(Response::from_parts(parts, body))
+        // hyper writes the length of a whole body itself, formatting it
+        // into the head it writes (a header value would be allocated).
+        // (`Transfer-Encoding` went with the other hop-by-hop headers.)
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let bytes = new.map(Bytes::from).unwrap_or(bytes);
+        Ok(Response::from_parts(parts, full(bytes)))
     }
 }
 
@@ -575,7 +589,7 @@ fn upstream_headers(
     }
     if routed.response_body != ResponseBody::Media {
         // Metadata responses are rewritten: ask for them uncompressed.
-        headers.remove(header::ACCEPT_ENCODING);
+        remove_present(&mut headers, &[&header::ACCEPT_ENCODING]);
     }
     if let Some(credentials) = credentials
         && !headers.contains_key(header::AUTHORIZATION)
@@ -731,11 +745,28 @@ fn replaced_body(headers: &mut HeaderMap, original: Bytes, new: Option<Vec<u8>>)
 
 fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     let mut headers = incoming.clone();
-    headers.remove(&METHOD_OVERRIDE_HEADER);
+    remove_present(
+        &mut headers,
+        &[&METHOD_OVERRIDE_HEADER, &header::HOST, &header::EXPECT],
+    );
     strip_hop_by_hop(&mut headers);
-    headers.remove(header::HOST);
-    headers.remove(header::EXPECT);
     headers
+}
+
+/// Removes the headers `names` from `headers`, finding those present in
+/// one pass over the few a message has (removing an absent name still
+/// hashes it and probes the map).
+fn remove_present(headers: &mut HeaderMap, names: &[&HeaderName]) {
+    let mut present = [false; 4];
+    debug_assert!(names.len() <= present.len());
+    for name in headers.keys() {
+        if let Some(i) = names.iter().position(|wanted| *wanted == name) {
+            present[i] = true;
+        }
+    }
+    for (name, _) in names.iter().zip(present).filter(|(_, here)| *here) {
+        headers.remove(*name);
+    }
 }
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {

@@ -1,6 +1,7 @@
 //! Listeners, connection handling, graceful drain, and the whole process's wiring.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +41,11 @@ pub struct ServerSettings {
     pub drain_timeout: Duration,
     /// Requests served at once across all connections; more wait their turn.
     pub max_concurrent_requests: usize,
+    /// The address the proxy takes a request to have arrived on when it
+    /// is not told ([`ProxySettings::listen`]), when known: requests on
+    /// connections to it need no [`ConnectionLocalAddr`] (an extension
+    /// costs three allocations per request).
+    pub proxy_listen: Option<SocketAddr>,
 }
 
 fn connection_builder(settings: ServerSettings) -> auto::Builder<TokioExecutor> {
@@ -123,7 +129,11 @@ where
                 };
                 let _ = stream.set_nodelay(true);
                 // Links in responses point at the address this client connected to.
-                let local = stream.local_addr().ok().map(ConnectionLocalAddr);
+                let local = stream
+                    .local_addr()
+                    .ok()
+                    .filter(|local| Some(*local) != settings.proxy_listen)
+                    .map(ConnectionLocalAddr);
                 let service = service.clone().map_request(move |mut req: Request<Incoming>| {
                     if let Some(local) = local {
                         req.extensions_mut().insert(local);
@@ -236,6 +246,7 @@ fn server_settings(config: &Config) -> ServerSettings {
         max_header_bytes: config.max_header_bytes,
         drain_timeout: config.drain_timeout,
         max_concurrent_requests: config.max_concurrent_requests,
+        proxy_listen: Some(config.listen),
     }
 }
 

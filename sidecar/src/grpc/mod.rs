@@ -24,17 +24,17 @@ pub mod stream;
 pub mod table;
 pub mod wire;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::mapping::Mapping;
 use crate::rewrite::{Direction, LinkBase, Translator};
 
 /// gRPC messages carry no links: the translator's link base is never used.
-static NO_LINKS: LinkBase = LinkBase {
-    scheme: String::new(),
-    authority: String::new(),
+static NO_LINKS: LazyLock<LinkBase> = LazyLock::new(|| LinkBase {
+    scheme: Arc::from(""),
+    authority: Arc::from(""),
     virtual_host: None,
-};
+});
 
 /// The map in force for one call and the request policy.
 #[derive(Debug)]

@@ -13,10 +13,11 @@ use std::fmt;
 use std::ops::Range;
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
+use smallvec::SmallVec;
 
 use super::scan;
 use super::text::replace_bucket_tokens;
-use super::url::rewrite_url;
+use super::url::push_rewritten_url;
 use super::{Direction, Translator};
 use crate::errors::ApiError;
 use crate::route::Resource;
@@ -244,55 +245,73 @@ fn each(
 
 /// A field that names a bucket the request must be allowed to use.
 fn strict(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) -> Result<(), ApiError> {
-    obj.each_string(key, |name| {
+    obj.each_string(key, |name, new| {
         if name.is_empty() {
-            Ok(None)
-        } else {
-            tr.bucket(name)
+            return Ok(false);
         }
+        Ok(tr
+            .bucket_str(name)?
+            .map(|name| new.push_str(name))
+            .is_some())
     })
 }
 
 /// A field equal to a bucket name, informational only.
 fn lenient(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
-    let _ = obj.each_string(key, |name| Ok(tr.bucket_lenient(name)));
+    let _ = obj.each_string(key, |name, new| {
+        Ok(tr
+            .bucket_lenient_str(name)
+            .map(|name| new.push_str(name))
+            .is_some())
+    });
 }
 
 /// An id whose first `/`-separated component is the bucket (`B/OBJECT/GEN`, `B/entity`).
 fn id_prefix(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
-    let _ = obj.each_string(key, |id| {
+    let _ = obj.each_string(key, |id, new| {
         let (bucket, rest) = id.split_at(id.find('/').unwrap_or(id.len()));
-        Ok(tr
-            .bucket_lenient_str(bucket)
-            .map(|new| [new, rest].concat()))
+        let Some(bucket) = tr.bucket_lenient_str(bucket) else {
+            return Ok(false);
+        };
+        new.push_str(bucket);
+        new.push_str(rest);
+        Ok(true)
     });
 }
 
 fn link(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
-    let _ = obj.each_string(key, |url| Ok(rewrite_url(url, tr)));
+    let _ = obj.each_string(key, |url, new| Ok(push_rewritten_url(new, url, tr)));
 }
 
 /// A resource name `projects/_/buckets/B[/…]`.
 fn resource_name(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) -> Result<(), ApiError> {
     const PREFIX: &str = "projects/_/buckets/";
-    obj.each_string(key, |name| {
+    obj.each_string(key, |name, new| {
         let Some(after) = name.strip_prefix(PREFIX) else {
-            return Ok(None);
+            return Ok(false);
         };
         let (bucket, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
         if bucket.is_empty() {
-            return Ok(None);
+            return Ok(false);
         }
-        Ok(tr.bucket(bucket)?.map(|new| format!("{PREFIX}{new}{rest}")))
+        let Some(bucket) = tr.bucket_str(bucket)? else {
+            return Ok(false);
+        };
+        new.push_str(PREFIX);
+        new.push_str(bucket);
+        new.push_str(rest);
+        Ok(true)
     })
 }
 
 /// The `error` object of an error document: bucket names in its messages.
 fn rewrite_error(error: &str, tr: &Translator<'_>) -> Option<Vec<u8>> {
     let mut error = Object::parse_str(error)?;
-    let message = |text: &str| {
-        let new = replace_bucket_tokens(text, |name| tr.bucket_lenient(name));
-        Ok(matches!(new, Cow::Owned(_)).then(|| new.into_owned()))
+    let message = |text: &str, new: &mut String| {
+        let replaced = replace_bucket_tokens(text, |name| tr.bucket_lenient(name));
+        let changed = matches!(replaced, Cow::Owned(_));
+        new.push_str(&replaced);
+        Ok(changed)
     };
     let _ = error.each_string("message", message);
     let _ = error.each_array("errors", |entry| {
@@ -308,21 +327,43 @@ fn rewrite_error(error: &str, tr: &Translator<'_>) -> Option<Vec<u8>> {
 /// A JSON object split into its members, in order (duplicates included:
 /// every member with a key is rewritten, so a repeated key cannot smuggle an
 /// untranslated name past the checks).
+///
+/// A member is 32 bytes, so that the members of a resource fit in one
+/// allocation glibc serves from its per-thread cache, and every rewritten
+/// value is written into one buffer, `new_values`: a metadata response is
+/// rewritten on every proxied request, and allocating for each member and
+/// value cost more than the rewrite itself.
 struct Object<'a> {
     /// The object's text, as it came.
     text: &'a str,
-    members: Vec<(Text<'a>, Member<'a>)>,
-    changed: bool,
+    /// Each member's key and its value's text as it came (a slice of `text`).
+    members: Vec<(Key<'a>, &'a str)>,
+    /// The keys that had escapes, decoded.
+    decoded_keys: Vec<String>,
+    /// The rewritten values, serialised, one after another.
+    new_values: Vec<u8>,
+    /// For each rewritten value: the range of `text` it replaces and its
+    /// range in `new_values`.
+    changes: SmallVec<[(Range<usize>, Range<usize>); 8]>,
+    /// Where a rewrite writes a new string before it is serialised.
+    scratch: String,
 }
 
-enum Member<'a> {
-    /// The value as it came, byte for byte, and where it starts in the
-    /// object's text.
-    Raw(&'a str, usize),
-    /// The value rewritten, serialised, and the range of the object's text
-    /// it replaces.
-    New(Vec<u8>, Range<usize>),
+/// A member's key.
+#[derive(Clone, Copy)]
+enum Key<'a> {
+    /// A key without escapes: its text in the object's.
+    Text(&'a str),
+    /// A key with escapes: its place in [`Object::decoded_keys`].
+    Decoded(usize),
 }
+
+// 32 members of 32 bytes: one allocation from glibc's per-thread cache.
+const _: () = assert!(std::mem::size_of::<(Key<'static>, &str)>() == 32);
+
+/// Bytes reserved for an object's rewritten values: enough for the few
+/// members of a resource that change (its bucket, id and two links).
+const NEW_VALUES_ROOM: usize = 512;
 
 /// What becomes of an array element.
 enum Element {
@@ -341,26 +382,84 @@ impl<'a> Object<'a> {
     /// `None` when `text` is not a JSON object (whole documents included:
     /// trailing garbage fails).
     fn parse_str(text: &'a str) -> Option<Self> {
-        let members = scan::object_members(text, |key, raw, at| (Text(key), Member::Raw(raw, at)))?;
+        let mut decoded_keys = Vec::new();
+        let members = scan::object_members(text, |key, raw, _| match key {
+            Cow::Borrowed(key) => (Key::Text(key), raw),
+            Cow::Owned(key) => {
+                decoded_keys.push(key);
+                (Key::Decoded(decoded_keys.len() - 1), raw)
+            }
+        })?;
         Some(Object {
             text,
             members,
-            changed: false,
+            decoded_keys,
+            new_values: Vec::new(),
+            changes: SmallVec::new(),
+            scratch: String::new(),
         })
+    }
+
+    /// The values as they came (not rewritten yet) of the members named `key`.
+    fn raw_values(&self, key: &str) -> impl Iterator<Item = &'a str> {
+        self.members
+            .iter()
+            .filter(move |&&(k, raw)| self.key_is(k, key) && !self.is_changed(self.offset(raw)))
+            .map(|&(_, raw)| raw)
+    }
+
+    fn key_is(&self, k: Key<'_>, key: &str) -> bool {
+        match k {
+            Key::Text(text) => text == key,
+            Key::Decoded(i) => self.decoded_keys.get(i).is_some_and(|k| k == key),
+        }
+    }
+
+    /// Where `raw`, a value of this object, starts in its text.
+    fn offset(&self, raw: &str) -> usize {
+        raw.as_ptr() as usize - self.text.as_ptr() as usize
+    }
+
+    fn is_changed(&self, at: usize) -> bool {
+        self.changes.iter().any(|(old, _)| old.start == at)
     }
 
     /// The first string member named `key`.
     fn string(&self, key: &str) -> Option<Cow<'a, str>> {
-        self.members.iter().find_map(|(k, member)| match member {
-            Member::Raw(raw, _) if k.0 == key => string_value(raw),
-            _ => None,
-        })
+        self.raw_values(key).find_map(string_value)
     }
 
     fn has_object(&self, key: &str) -> bool {
-        self.members.iter().any(|(k, member)| {
-            k.0 == key && matches!(member, Member::Raw(raw, _) if raw.starts_with('{'))
-        })
+        self.raw_values(key).any(|raw| raw.starts_with('{'))
+    }
+
+    /// Calls `write` on every member named `key` not rewritten yet, with
+    /// the buffer of new values and the scratch string; when it answers
+    /// `true`, what it appended to the buffer is the member's new value.
+    fn each_raw(
+        &mut self,
+        key: &str,
+        mut write: impl FnMut(&'a str, &mut Vec<u8>, &mut String) -> Result<bool, ApiError>,
+    ) -> Result<(), ApiError> {
+        for &(k, raw) in &self.members {
+            let at = self.offset(raw);
+            if !self.key_is(k, key) || self.is_changed(at) {
+                continue;
+            }
+            // The first reservation is for all of an object's few rewrites.
+            if self.new_values.capacity() == 0 {
+                self.new_values.reserve(NEW_VALUES_ROOM);
+            }
+            self.new_values.reserve(raw.len());
+            let start = self.new_values.len();
+            if write(raw, &mut self.new_values, &mut self.scratch)? {
+                let new = start..self.new_values.len();
+                self.changes.push((at..at + raw.len(), new));
+            } else {
+                self.new_values.truncate(start);
+            }
+        }
+        Ok(())
     }
 
     /// Calls `f` on every member named `key`; a `Some` answer replaces it.
@@ -369,27 +468,34 @@ impl<'a> Object<'a> {
         key: &str,
         mut f: impl FnMut(&'a str) -> Result<Option<Vec<u8>>, ApiError>,
     ) -> Result<(), ApiError> {
-        for (k, member) in &mut self.members {
-            if k.0 == key
-                && let Member::Raw(raw, at) = *member
-                && let Some(new) = f(raw)?
-            {
-                *member = Member::New(new, at..at + raw.len());
-                self.changed = true;
+        self.each_raw(key, |raw, out, _| {
+            let new = f(raw)?;
+            if let Some(new) = &new {
+                out.extend_from_slice(new);
             }
-        }
-        Ok(())
+            Ok(new.is_some())
+        })
     }
 
-    /// Calls `f` on every string member named `key`; a `Some` answer replaces it.
+    /// Calls `f` on every string member named `key`, with the string and an
+    /// empty one to write its new value into; when it answers `true`, that
+    /// value replaces the member.
     fn each_string(
         &mut self,
         key: &str,
-        mut f: impl FnMut(&str) -> Result<Option<String>, ApiError>,
+        mut f: impl FnMut(&str, &mut String) -> Result<bool, ApiError>,
     ) -> Result<(), ApiError> {
-        self.each_value(key, |raw| match string_value(raw) {
-            Some(text) => Ok(f(&text)?.map(|new| json_string(&new))),
-            None => Ok(None),
+        self.each_raw(key, |raw, out, scratch| {
+            let Some(text) = string_value(raw) else {
+                return Ok(false);
+            };
+            scratch.clear();
+            scratch.reserve(raw.len().max(NEW_VALUES_ROOM / 2));
+            if !f(&text, scratch)? {
+                return Ok(false);
+            }
+            push_json_string(out, scratch);
+            Ok(true)
         })
     }
 
@@ -399,16 +505,16 @@ impl<'a> Object<'a> {
         key: &str,
         mut f: impl FnMut(&'a str) -> Result<Element, ApiError>,
     ) -> Result<(), ApiError> {
-        self.each_value(key, |raw| {
+        self.each_raw(key, |raw, out, _| {
             if !raw.starts_with('[') {
-                return Ok(None);
+                return Ok(false);
             }
             let Some(elements) = scan::array_elements(raw) else {
-                return Ok(None);
+                return Ok(false);
             };
-            let mut out = Vec::with_capacity(raw.len());
             let mut changed = false;
             out.push(b'[');
+            let mut first = true;
             for element in elements {
                 let new = f(element)?;
                 changed |= !matches!(new, Element::Keep);
@@ -417,32 +523,32 @@ impl<'a> Object<'a> {
                     Element::Replace(bytes) => bytes,
                     Element::Drop => continue,
                 };
-                if out.len() > 1 {
+                if !first {
                     out.push(b',');
                 }
+                first = false;
                 out.extend_from_slice(bytes);
             }
             out.push(b']');
-            Ok(changed.then_some(out))
+            Ok(changed)
         })
     }
 
     /// The object's text with the rewritten values in place of the old
     /// ones (everything else as it came, whitespace included), or `None`
     /// when nothing changed.
-    fn into_json(self) -> Option<Vec<u8>> {
-        if !self.changed {
+    fn into_json(mut self) -> Option<Vec<u8>> {
+        if self.changes.is_empty() {
             return None;
         }
+        self.changes.sort_unstable_by_key(|(old, _)| old.start);
         let text = self.text.as_bytes();
-        let mut out = Vec::with_capacity(text.len() + 64);
+        let mut out = Vec::with_capacity(text.len() + self.new_values.len());
         let mut at = 0;
-        for (_, member) in &self.members {
-            if let Member::New(new, old) = member {
-                out.extend_from_slice(&text[at..old.start]);
-                out.extend_from_slice(new);
-                at = old.end;
-            }
+        for (old, new) in &self.changes {
+            out.extend_from_slice(&text[at..old.start]);
+            out.extend_from_slice(&self.new_values[new.clone()]);
+            at = old.end;
         }
         out.extend_from_slice(&text[at..]);
         Some(out)
@@ -464,17 +570,17 @@ fn string_value(raw: &str) -> Option<Cow<'_, str>> {
     serde_json::from_str::<Text<'_>>(text).ok().map(|t| t.0)
 }
 
-fn json_string(text: &str) -> Vec<u8> {
+/// Appends `text` to `out` as a JSON string.
+fn push_json_string(out: &mut Vec<u8>, text: &str) {
     // Nothing to escape (the usual case: names, ids, links): quotes around.
     if scan::plain_run(text.as_bytes()) == text.len() {
-        let mut out = Vec::with_capacity(text.len() + 2);
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
-        return out;
+        return;
     }
-    // Serialising a string cannot fail.
-    serde_json::to_vec(text).unwrap_or_default()
+    // Serialising a string into a vector cannot fail.
+    let _ = serde_json::to_writer(out, text);
 }
 
 /// A JSON string (a member's key or a string value), borrowed from the body
@@ -513,7 +619,8 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn strings_are_written_and_read_as_serde_json_does(text in "\\PC{0,12}|[\"\\\\\\x00-\\x1fa/é]{0,8}") {
-            let written = json_string(&text);
+            let mut written = Vec::new();
+            push_json_string(&mut written, &text);
             proptest::prop_assert_eq!(&written, &serde_json::to_vec(&text).unwrap_or_default());
             let raw = std::str::from_utf8(&written).unwrap_or_else(|e| panic!("{e}"));
             let read = string_value(raw);

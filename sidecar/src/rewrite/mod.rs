@@ -16,6 +16,8 @@ pub mod xml;
 #[cfg(test)]
 mod proptests;
 
+use std::sync::Arc;
+
 use crate::errors::ApiError;
 use crate::mapping::Mapping;
 
@@ -31,10 +33,11 @@ pub enum Direction {
 /// Where rewritten absolute URLs point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinkBase {
-    /// `http` or `https`.
-    pub scheme: String,
+    /// `http` or `https` (shared: a base is made for every request, and
+    /// most requests' bases share both parts with the proxy's own).
+    pub scheme: Arc<str>,
     /// `host[:port]`.
-    pub authority: String,
+    pub authority: Arc<str>,
     /// The (translated) bucket the base's host names, virtual-hosted style.
     pub virtual_host: Option<String>,
 }
@@ -56,11 +59,19 @@ impl<'a> Translator<'a> {
     /// Translates a name from a field that must name a bucket the app may use.
     /// `Ok(None)` means "leave as is".
     pub fn bucket(&self, name: &str) -> Result<Option<String>, ApiError> {
+        Ok(self.bucket_str(name)?.map(str::to_owned))
+    }
+
+    /// [`Translator::bucket`], borrowed from the mapping or from `name`.
+    pub fn bucket_str<'n>(&self, name: &'n str) -> Result<Option<&'n str>, ApiError>
+    where
+        'a: 'n,
+    {
         match self.direction {
             Direction::ToPhysical => {
-                request_bucket(self.mapping, self.allow_physical, name).map(Some)
+                request_bucket_str(self.mapping, self.allow_physical, name).map(Some)
             }
-            Direction::ToLogical => Ok(self.mapping.logical(name).map(str::to_owned)),
+            Direction::ToLogical => Ok(self.mapping.logical(name)),
         }
     }
 

@@ -12,15 +12,28 @@ use crate::route::{Api, Route, object_link_slot, route, virtual_host_bucket};
 /// translated buckets. Returns `None` when `url` is not an absolute http(s)
 /// URL (it is then left alone). Unknown bucket names are kept.
 pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
+    let mut out = String::new();
+    push_rewritten_url(&mut out, url, tr).then_some(out)
+}
+
+/// [`rewrite_url`], appending the new URL to `out`; `false` (and nothing
+/// appended) when `url` is not an absolute http(s) URL.
+pub fn push_rewritten_url(out: &mut String, url: &str, tr: &Translator<'_>) -> bool {
     let parsed;
     let (host, path, query) = match split_plain_url(url) {
         Some(parts) => parts,
         None => {
-            parsed = url.parse::<Uri>().ok()?;
+            let Ok(uri) = url.parse::<Uri>() else {
+                return false;
+            };
+            parsed = uri;
+            let Some(authority) = parsed.authority() else {
+                return false;
+            };
             if !matches!(parsed.scheme_str(), Some("http" | "https")) {
-                return None;
+                return false;
             }
-            (parsed.authority()?.as_str(), parsed.path(), parsed.query())
+            (authority.as_str(), parsed.path(), parsed.query())
         }
     };
     let vhost = virtual_host_bucket(host, |label| tr.mapping.knows(label));
@@ -32,7 +45,7 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
 
     let (scheme, authority) = (&tr.links.scheme, &tr.links.authority);
     // Room for the base, the path, longer bucket names, and the query.
-    let mut out = String::with_capacity(
+    out.reserve(
         scheme.len() + 3 + authority.len() + path.len() + 64 + query.map_or(0, |q| q.len() + 1),
     );
     out.push_str(scheme);
@@ -50,7 +63,7 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
             .iter()
             .find_map(|method| route(method, path, query, vhost.as_deref()).ok());
         match &routed {
-            Some(routed) => push_translated_path(&mut out, path, routed, tr),
+            Some(routed) => push_translated_path(out, path, routed, tr),
             None => out.push_str(path),
         }
     }
@@ -58,7 +71,7 @@ pub fn rewrite_url(url: &str, tr: &Translator<'_>) -> Option<String> {
         out.push('?');
         out.push_str(query);
     }
-    Some(out)
+    true
 }
 
 /// The authority, path and query of an `http`/`https` URL made only of

@@ -171,6 +171,8 @@ pub fn settings() -> ServerSettings {
         max_header_bytes: 64 * 1024,
         drain_timeout: Duration::from_secs(10),
         max_concurrent_requests: 64,
+        // Every request tells the proxy its connection's local address.
+        proxy_listen: None,
     }
 }
 
