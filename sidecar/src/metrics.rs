@@ -1,7 +1,5 @@
 //! Prometheus metrics of the sidecar.
 
-use std::hash::{Hash, Hasher};
-
 use prometheus_client::encoding::{EncodeLabelSet, text::encode};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -10,7 +8,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// Labels of `requests_total`.
-#[derive(Clone, Debug, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// The GCS operation (`objects.get`), `internal`, or `unrouted`.
     pub operation: &'static str,
@@ -19,42 +17,10 @@ pub struct RequestLabels {
 }
 
 /// Labels of `upstream_latency_seconds`.
-#[derive(Clone, Debug, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
     /// The GCS operation (`objects.get`).
     pub operation: &'static str,
-}
-
-// The two families looked up on every proxied request hash one word per
-// key: the family's map hashes with SipHash, which costs about as much per
-// word as it does per label byte otherwise. A function of the fields, so
-// equal labels hash alike.
-impl Hash for RequestLabels {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(fingerprint(self.operation) ^ u64::from(self.status));
-    }
-}
-
-impl Hash for OperationLabels {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(fingerprint(self.operation));
-    }
-}
-
-/// A word made of all of a label's bytes, eight at a time (a multiply
-/// and a rotation per word).
-fn fingerprint(label: &str) -> u64 {
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let bytes = label.as_bytes();
-    let mut hash = (bytes.len() as u64).wrapping_mul(K);
-    for chunk in bytes.chunks(8) {
-        let mut word = [0; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        hash = (hash ^ u64::from_le_bytes(word))
-            .wrapping_mul(K)
-            .rotate_left(23);
-    }
-    hash
 }
 
 /// Labels of `body_bytes_total`.
@@ -221,20 +187,6 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn operation_fingerprints_tell_the_operations_apart() {
-        let table = crate::discovery::table();
-        let mut operations: Vec<&str> = table.operations.iter().map(|op| &*op.name).collect();
-        operations.extend(["internal", "unrouted", "xml.bucket.get", "xml.object.get"]);
-        let mut seen = std::collections::HashMap::new();
-        for op in &operations {
-            if let Some(other) = seen.insert(fingerprint(op), op) {
-                panic!("{op} and {other} hash alike");
-            }
-        }
-        assert!(operations.len() > 50, "{operations:?}");
-    }
 
     #[test]
     fn exposes_the_metrics() {
