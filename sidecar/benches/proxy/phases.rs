@@ -16,11 +16,13 @@ impl Paths {
         self.endpoints.iter().map(|e| e.label).collect()
     }
 
-    /// The order of the paths in turn `turn`: rotated, so that no path
-    /// always follows the same one.
+    /// The order of the paths in turn `turn`: rotated, and backwards every
+    /// other turn, so that no path always follows the same one (rotation
+    /// alone kept each path behind its neighbour in the list).
     pub(crate) fn turn(&self, turn: usize) -> impl Iterator<Item = usize> {
         let n = self.endpoints.len();
-        (0..n).map(move |i| (turn + i) % n)
+        let backwards = turn % 2 == 1;
+        (0..n).map(move |i| (turn + if backwards { n - 1 - i } else { i }) % n)
     }
 }
 
