@@ -589,7 +589,7 @@ fn upstream_headers(
     }
     if routed.response_body != ResponseBody::Media {
         // Metadata responses are rewritten: ask for them uncompressed.
-        remove_present(&mut headers, &[&header::ACCEPT_ENCODING]);
+        remove_present(&mut headers, [&header::ACCEPT_ENCODING]);
     }
     if let Some(credentials) = credentials
         && !headers.contains_key(header::AUTHORIZATION)
@@ -735,7 +735,10 @@ pub(crate) fn is_json(bytes: &[u8]) -> bool {
     serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
 }
 
-/// The body to send after a rewrite (or the original), with `Content-Length` set.
+/// The request body to send after a rewrite (or the original), with
+/// `Content-Length` set. (A rewritten response leaves its length to hyper,
+/// see `translate_response`; a request cannot: hyper's client sends no
+/// length for an empty body, and a POST without one may be refused.)
 fn replaced_body(headers: &mut HeaderMap, original: Bytes, new: Option<Vec<u8>>) -> ProxyBody {
     let bytes = new.map(Bytes::from).unwrap_or(original);
     headers.remove(header::TRANSFER_ENCODING);
@@ -747,38 +750,37 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     let mut headers = incoming.clone();
     remove_present(
         &mut headers,
-        &[&METHOD_OVERRIDE_HEADER, &header::HOST, &header::EXPECT],
+        [&METHOD_OVERRIDE_HEADER, &header::HOST, &header::EXPECT],
     );
     strip_hop_by_hop(&mut headers);
     headers
 }
 
-/// Removes the headers `names` from `headers`, finding those present in
-/// one pass over the few a message has (removing an absent name still
-/// hashes it and probes the map).
-fn remove_present(headers: &mut HeaderMap, names: &[&HeaderName]) {
-    let mut present = [false; 4];
-    debug_assert!(names.len() <= present.len());
+/// Which of `names` `headers` holds, found in one pass over the few
+/// headers a message has: removing or looking up an absent name still
+/// hashes it and probes the map.
+fn present<const N: usize>(headers: &HeaderMap, names: [&HeaderName; N]) -> [bool; N] {
+    let mut present = [false; N];
     for name in headers.keys() {
         if let Some(i) = names.iter().position(|wanted| *wanted == name) {
             present[i] = true;
         }
     }
-    for (name, _) in names.iter().zip(present).filter(|(_, here)| *here) {
-        headers.remove(*name);
+    present
+}
+
+/// Removes the headers `names` from `headers`, only those it holds.
+fn remove_present<const N: usize>(headers: &mut HeaderMap, names: [&HeaderName; N]) {
+    for (name, here) in names.into_iter().zip(present(headers, names)) {
+        if here {
+            headers.remove(name);
+        }
     }
 }
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the few headers a message has finds the hop-by-hop ones
-    // present; only those are removed (removing an absent name still hashes
-    // it). `HOP_BY_HOP[0]` is `Connection`, whose list is hop-by-hop too.
-    let mut present = [false; HOP_BY_HOP.len()];
-    for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
-            present[i] = true;
-        }
-    }
+    // `HOP_BY_HOP[0]` is `Connection`, whose list is hop-by-hop too.
+    let present = present(headers, HOP_BY_HOP.each_ref());
     if !present.contains(&true) {
         return;
     }

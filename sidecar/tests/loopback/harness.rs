@@ -291,7 +291,13 @@ impl Sidecar {
             Arc::new(options.auth.clone()),
         ));
         let stack = proxy_stack(proxy.clone(), grpc, options.auth);
-        let task = tokio::spawn(serve(listener, settings(), stack, stopped));
+        // As the binary wires it: the proxy's listen address needs no
+        // per-request local address (a configured one that differs does).
+        let server = ServerSettings {
+            proxy_listen: Some(options.configured_listen.unwrap_or(addr)),
+            ..settings()
+        };
+        let task = tokio::spawn(serve(listener, server, stack, stopped));
         Self {
             addr,
             metrics,
