@@ -2,8 +2,28 @@
 
 /// Characters that may appear in a GCS bucket name.
 pub fn is_bucket_char(b: u8) -> bool {
-    b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+    CLASS[usize::from(b)] != OTHER
 }
+
+/// A byte's class in a bucket name, looked up once per byte.
+const OTHER: u8 = 0;
+const NAME: u8 = 1;
+const DOT: u8 = 2;
+
+static CLASS: [u8; 256] = {
+    let mut table = [OTHER; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        if b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' {
+            table[i] = NAME;
+        } else if b == b'.' {
+            table[i] = DOT;
+        }
+        i += 1;
+    }
+    table
+};
 
 /// Whether `name` is a syntactically valid GCS bucket name: 3–63 characters
 /// (up to 222 when dotted, each dot-separated component at most 63) of
@@ -19,26 +39,22 @@ pub fn is_valid_bucket_name(name: &str) -> bool {
     if bytes.len() < 3 || bytes.len() > 222 || !alnum(first) || !alnum(last) {
         return false;
     }
-    // One pass: the characters, and the length of each dot-separated component.
-    let (mut dotted, mut component) = (false, 0usize);
-    for &b in bytes {
-        if b == b'.' {
-            if component == 0 {
-                return false;
+    // One pass: the characters, and the length of each dot-separated
+    // component (`start`: where the current one begins).
+    let (mut dotted, mut start) = (false, 0);
+    for (i, &b) in bytes.iter().enumerate() {
+        match CLASS[usize::from(b)] {
+            NAME => {}
+            DOT if (1..=63).contains(&(i - start)) => {
+                dotted = true;
+                start = i + 1;
             }
-            dotted = true;
-            component = 0;
-        } else if is_bucket_char(b) {
-            component += 1;
-            if component > 63 {
-                return false;
-            }
-        } else {
-            return false;
+            _ => return false,
         }
     }
-    // Only a dotted name may exceed 63 characters or be an IPv4 address.
-    !dotted || name.parse::<std::net::Ipv4Addr>().is_err()
+    // The last component is at most 63 too; only a dotted name may exceed
+    // 63 characters in all or be an IPv4 address.
+    bytes.len() - start <= 63 && (!dotted || name.parse::<std::net::Ipv4Addr>().is_err())
 }
 
 #[cfg(test)]

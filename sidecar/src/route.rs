@@ -297,15 +297,8 @@ pub fn route(
 /// host is a name with more than one label (not an IP address).
 pub fn virtual_host_bucket(host: &str, is_bucket: impl Fn(&str) -> bool) -> Option<String> {
     let host = host_without_port(host);
-    // An IP address starts with a hex digit (or `:`); names mostly do not.
-    let may_be_ip = host
-        .bytes()
-        .next()
-        .is_some_and(|b| b.is_ascii_hexdigit() || b == b':');
-    if may_be_ip && host.parse::<std::net::IpAddr>().is_ok() {
-        return None;
-    }
-    let (first, rest) = host.split_once('.')?;
+    let dot = memchr::memchr(b'.', host.as_bytes())?;
+    let (first, rest) = (&host[..dot], &host[dot + 1..]);
     if rest.is_empty() {
         return None;
     }
@@ -314,7 +307,16 @@ pub fn virtual_host_bucket(host: &str, is_bucket: impl Fn(&str) -> bool) -> Opti
     } else {
         Cow::Borrowed(first)
     };
-    is_bucket(&first).then(|| first.into_owned())
+    if !is_bucket(&first) {
+        return None;
+    }
+    // Only then: an IP address (`127.0.0.1`, whose first label a mapping
+    // could hold) names no bucket. Parsing one costs more than the lookup.
+    let may_be_ip = host
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_hexdigit() || b == b':');
+    (!may_be_ip || host.parse::<std::net::IpAddr>().is_err()).then(|| first.into_owned())
 }
 
 /// The byte range of the bucket in an object's `selfLink` or `mediaLink`
@@ -340,7 +342,7 @@ pub fn object_link_slot(path: &str, query: Option<&str>) -> Option<Range<usize>>
     let slash = memchr::memchr(b'/', rest.as_bytes())?;
     let (bucket, object) = (&rest[..slash], rest[slash..].strip_prefix("/o/")?);
     let plain_object = !object.is_empty()
-        && !object.contains('/')
+        && memchr::memchr(b'/', object.as_bytes()).is_none()
         && check_percent_encoding(object).is_ok()
         && !is_dot_segment(object);
     (plain_object && is_valid_bucket_name(bucket) && query.is_none_or(is_plain_link_query))
@@ -366,8 +368,10 @@ fn host_without_port(host: &str) -> &str {
             .split_once(']')
             .map_or(host, |(h, _)| h.trim_start_matches('['));
     }
-    match host.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+    match memchr::memrchr(b':', host.as_bytes()) {
+        Some(colon) if host.as_bytes()[colon + 1..].iter().all(u8::is_ascii_digit) => {
+            &host[..colon]
+        }
         _ => host,
     }
 }

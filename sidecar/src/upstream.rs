@@ -33,7 +33,7 @@ use tower::Service;
 
 use crate::body::{BoxError, ProxyBody};
 use crate::config::UpstreamHttp;
-use crate::layers::BoxFuture;
+use crate::layers::{BorrowingBoxFuture, BoxFuture};
 
 /// Each upstream TLS connection's buffer of records not yet written to its
 /// socket, in bytes. rustls's default is 64 KiB, which 64 concurrent
@@ -356,7 +356,14 @@ impl UpstreamClient {
 
     /// A new connection: TCP, TLS, then the HTTP handshake of the version
     /// asked for or picked by ALPN. Its task runs on the runtime.
-    async fn connect(&self) -> Result<Checkout, CallError> {
+    ///
+    /// Boxed: connecting is rare, and its state (TCP and TLS, about 6 KiB)
+    /// would otherwise be part of every request's future, copied with it.
+    fn connect(&self) -> BorrowingBoxFuture<'_, Result<Checkout, CallError>> {
+        Box::pin(self.open_connection())
+    }
+
+    async fn open_connection(&self) -> Result<Checkout, CallError> {
         let connect_error = |source: BoxError| CallError::Connect {
             origin: self.origin.clone(),
             source,
@@ -464,9 +471,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl<'a> Service<Request<ProxyBody>> for &'a UpstreamClient {
     type Response = Response<Incoming>;
     type Error = CallError;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Response<Incoming>, CallError>> + Send + 'a>,
-    >;
+    type Future = BorrowingBoxFuture<'a, Result<Response<Incoming>, CallError>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), CallError>> {
         Poll::Ready(Ok(()))
@@ -613,6 +618,20 @@ mod tests {
             let host = host_header(scheme, authority).expect("host");
             assert_eq!(host.to_str().expect("ascii"), want, "{url}");
         }
+    }
+
+    /// Every request's future holds `send`'s: connecting (TCP and TLS,
+    /// several KiB of state) is boxed apart, so that it is not copied with
+    /// each request. Unboxed, this future measured 7,296 bytes.
+    #[tokio::test]
+    async fn a_request_future_does_not_carry_the_state_of_connecting() {
+        let upstream = Counting::start(false, None).await;
+        let client = upstream.client(UpstreamHttp::Http1, Duration::from_secs(90));
+        let send = client.send(Request::new(empty()));
+        let size = std::mem::size_of_val(&send);
+        assert!(size < 2048, "the send future takes {size} bytes");
+        drop(send);
+        assert!(std::mem::size_of_val(&client.connect()) <= 16);
     }
 
     #[tokio::test]

@@ -72,7 +72,10 @@ pub fn labelled<B>(mut response: Response<B>, operation: &'static str) -> Respon
 }
 
 /// A boxed future, for layers whose work is asynchronous.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub type BoxFuture<T> = BorrowingBoxFuture<'static, T>;
+
+/// A boxed future that may borrow for `'a` (the upstream client's calls).
+pub type BorrowingBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pin_project_lite::pin_project! {
     /// One of two futures with the same output: a layer that answers itself

@@ -269,7 +269,7 @@ fn lenient(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
 /// An id whose first `/`-separated component is the bucket (`B/OBJECT/GEN`, `B/entity`).
 fn id_prefix(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
     let _ = obj.each_string(key, |id, new| {
-        let (bucket, rest) = id.split_at(id.find('/').unwrap_or(id.len()));
+        let (bucket, rest) = id.split_at(memchr::memchr(b'/', id.as_bytes()).unwrap_or(id.len()));
         let Some(bucket) = tr.bucket_lenient_str(bucket) else {
             return Ok(false);
         };
@@ -563,7 +563,7 @@ fn string_value(raw: &str) -> Option<Cow<'_, str>> {
     }
     // A raw value is valid JSON: a string without escapes is its own text.
     if let Some(inner) = text[1..].strip_suffix('"')
-        && !inner.contains('\\')
+        && memchr::memchr(b'\\', inner.as_bytes()).is_none()
     {
         return Some(Cow::Borrowed(inner));
     }

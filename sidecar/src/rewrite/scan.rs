@@ -146,6 +146,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// One value, after optional whitespace: its exact text.
+    #[inline(always)]
     fn value(&mut self) -> Option<&'a str> {
         self.whitespace();
         let start = self.at;
@@ -157,6 +158,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// A string, number or literal starting with `first`.
+    #[inline(always)]
     fn scalar(&mut self, first: u8) -> Option<()> {
         match first {
             b'"' => self.string().map(drop),
@@ -206,6 +208,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// A string from its opening quote; `true` when it has escapes.
+    #[inline(always)]
     fn string(&mut self) -> Option<bool> {
         let bytes = self.bytes();
         if bytes.get(self.at) != Some(&b'"') {
