@@ -14,6 +14,7 @@
 //! NGINX_BIN=/usr/sbin/nginx cargo bench ...    # another nginx than tools/nginx/install.sh's
 //! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,rps,streaming,memory,instructions,grpc,tls
 //! BUCKETMAP_SIDECAR_WORKER_THREADS=2 cargo bench ...    # the sidecar on two threads
+//! BUCKETMAP_BENCH_ASLR=on cargo bench ...    # keep address randomisation (off by default: setarch -R)
 //! ```
 //!
 //! Upstreams:
@@ -460,6 +461,7 @@ fn new_report(settings: Settings) -> Report {
             }
         },
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        randomised: address_randomisation_off() != Some(true),
         load_before: loadavg(),
         load_after: String::new(),
         elapsed: Duration::ZERO,
@@ -631,12 +633,78 @@ async fn run(settings: Settings, fake_bin: Result<PathBuf>, dir: &Path) -> Resul
     Ok(report)
 }
 
+/// `BUCKETMAP_BENCH_ASLR=on` keeps address-space randomisation on.
+const ASLR_ENV: &str = "BUCKETMAP_BENCH_ASLR";
+
+/// Set in the environment of the bench run again under `setarch -R`.
+const RERUN_ENV: &str = "BUCKETMAP_BENCH_RERUN_NO_ASLR";
+
+/// Whether this process runs without address-space randomisation
+/// (`ADDR_NO_RANDOMIZE` in its personality, which its children inherit);
+/// `None` when the personality cannot be read.
+fn address_randomisation_off() -> Option<bool> {
+    const ADDR_NO_RANDOMIZE: u32 = 0x0040000;
+    let personality = std::fs::read_to_string("/proc/self/personality").ok()?;
+    let flags = u32::from_str_radix(personality.trim(), 16).ok()?;
+    Some(flags & ADDR_NO_RANDOMIZE != 0)
+}
+
+/// Runs the bench again under `setarch ARCH -R`, so that it and every
+/// process it starts (the proxies, the upstreams) run without address-space
+/// randomisation, and answers with that run's exit code. With it on, two
+/// processes of one binary differ by 5–10 % in CPU per request; with it
+/// off they measured the same (docs/BENCHMARKS.md, 2026-12-03). `None`
+/// (run here) when randomisation is already off, was asked for, cannot be
+/// read, or `setarch` cannot run; the report then says it was on.
+fn rerun_without_address_randomisation() -> Option<std::process::ExitCode> {
+    if address_randomisation_off() != Some(false)
+        || std::env::var_os(ASLR_ENV).is_some_and(|v| v == "on")
+        || std::env::var_os(RERUN_ENV).is_some()
+    {
+        return None;
+    }
+    // A container may refuse the personality change: then run here.
+    let works = Command::new("setarch")
+        .args([std::env::consts::ARCH, "-R", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !works {
+        eprintln!("bench: setarch -R cannot run here: address-space randomisation stays on");
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?;
+    let status = Command::new("setarch")
+        .arg(std::env::consts::ARCH)
+        .arg("-R")
+        .arg(&exe)
+        .args(std::env::args_os().skip(1))
+        .env(RERUN_ENV, "1")
+        .status();
+    match status {
+        Ok(status) => {
+            let code = status
+                .code()
+                .and_then(|c| u8::try_from(c).ok())
+                .unwrap_or(1);
+            Some(std::process::ExitCode::from(code))
+        }
+        Err(e) => {
+            eprintln!("bench: cannot run setarch ({e}): address-space randomisation stays on");
+            None
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     if let Ok(spec) = std::env::var(RELAY_ENV) {
         return relay_main(&spec);
     }
     if let Ok(spec) = std::env::var(HTTP_RELAY_ENV) {
         return http_relay_main(&spec);
+    }
+    if let Some(code) = rerun_without_address_randomisation() {
+        return code;
     }
     // `cargo bench` passes `--bench`; this harness takes no arguments.
     let settings = Settings::from_env();

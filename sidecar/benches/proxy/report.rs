@@ -25,6 +25,8 @@ pub(crate) struct Report {
     pub(crate) date: String,
     pub(crate) commit: String,
     pub(crate) cores: usize,
+    /// Whether address-space randomisation was on for the bench's processes.
+    pub(crate) randomised: bool,
     pub(crate) load_before: String,
     pub(crate) load_after: String,
     pub(crate) elapsed: Duration,
@@ -44,8 +46,18 @@ impl Report {
         let _ = writeln!(out, "## bucketmap-sidecar benchmark\n");
         let _ = writeln!(
             out,
-            "{}, commit {}, {} cores, load average {} before / {} after, {:.0?} in all.\n",
-            self.date, self.commit, self.cores, self.load_before, self.load_after, self.elapsed
+            "{}, commit {}, {} cores, address-space randomisation {}, load average {} before / {} after, {:.0?} in all.\n",
+            self.date,
+            self.commit,
+            self.cores,
+            if self.randomised {
+                "on (processes of one binary may differ by 5–10 % in CPU)"
+            } else {
+                "off"
+            },
+            self.load_before,
+            self.load_after,
+            self.elapsed
         );
 
         self.render_metadata(&mut out);
