@@ -312,11 +312,9 @@ pub fn virtual_host_bucket(host: &str, is_bucket: impl Fn(&str) -> bool) -> Opti
     }
     // Only then: an IP address (`127.0.0.1`, whose first label a mapping
     // could hold) names no bucket. Parsing one costs more than the lookup.
-    let may_be_ip = host
-        .bytes()
-        .next()
-        .is_some_and(|b| b.is_ascii_hexdigit() || b == b':');
-    (!may_be_ip || host.parse::<std::net::IpAddr>().is_err()).then(|| first.into_owned())
+    host.parse::<std::net::IpAddr>()
+        .is_err()
+        .then(|| first.into_owned())
 }
 
 /// The byte range of the bucket in an object's `selfLink` or `mediaLink`
