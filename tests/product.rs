@@ -117,3 +117,29 @@ fn the_sidecar_links_one_crypto_library() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn the_image_ships_the_sidecar_built_to_abort_on_a_panic() -> anyhow::Result<()> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile"))?;
+    let build = dockerfile
+        .lines()
+        .find(|l| l.contains("cargo build") && l.contains("-p bucketmap-sidecar"))
+        .context("no build of the sidecar in the Dockerfile")?;
+    assert!(build.contains("--profile dist-sidecar"), "{build}");
+    assert!(
+        dockerfile.contains("target/dist-sidecar/bucketmap-sidecar"),
+        "the image copies another build of the sidecar"
+    );
+    let manifest = std::fs::read_to_string(format!("{root}/Cargo.toml"))?;
+    let profile: Vec<&str> = manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[profile.dist-sidecar]")
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .map(str::trim)
+        .collect();
+    assert!(profile.contains(&"inherits = \"dist\""), "{profile:?}");
+    assert!(profile.contains(&"panic = \"abort\""), "{profile:?}");
+    Ok(())
+}

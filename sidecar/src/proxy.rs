@@ -24,7 +24,7 @@ use crate::encoding::{Encoding, Gunzip, GunzipError, content_encoding, gunzip};
 use crate::errors::ApiError;
 use crate::layers::refuse::{METHOD_OVERRIDE_HEADER, Routed};
 use crate::layers::timeout::{TimeoutFuture, UpstreamError, UpstreamTimeout, UpstreamTimeoutLayer};
-use crate::layers::{BoxFuture, labelled, rejection};
+use crate::layers::{Answer, BoxFuture, rejection};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::{Metrics, OperationLabels};
 use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
@@ -169,7 +169,7 @@ impl Proxy {
 
     /// Rewrites, forwards and rewrites back one routed request; never fails
     /// (errors become GCS-style answers, labelled for the record layer).
-    async fn forward<B>(&self, routed: Routed<B>) -> Response<ProxyBody>
+    async fn forward<B>(&self, routed: Routed<B>) -> Answer
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
@@ -177,7 +177,7 @@ impl Proxy {
         let operation = routed.route.operation;
         let style = routed.route.api.error_style();
         match self.rewrite_and_send(routed).await {
-            Ok(response) => labelled(response, operation),
+            Ok(response) => Answer::new(response, operation),
             Err(error) => rejection(error, style, operation),
         }
     }
@@ -552,9 +552,9 @@ where
     B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
-    type Response = Response<ProxyBody>;
+    type Response = Answer;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response<ProxyBody>, Infallible>>;
+    type Future = BoxFuture<Result<Answer, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))

@@ -164,6 +164,21 @@ pub(crate) fn sidecar_bin() -> PathBuf {
 pub(crate) fn sidecar_bin_b() -> Option<PathBuf> {
     std::env::var_os("BUCKETMAP_BENCH_SIDECAR_BIN_B").map(PathBuf::from)
 }
+
+/// The report's line on the sidecar builds measured.
+fn measured_builds() -> String {
+    let main = match std::env::var_os("BUCKETMAP_BENCH_SIDECAR_BIN") {
+        Some(bin) => format!("`{}`", PathBuf::from(bin).display()),
+        None => "cargo's bench build (it unwinds on a panic; the image ships the \
+                 `dist-sidecar` profile: set BUCKETMAP_BENCH_SIDECAR_BIN=target/dist-sidecar/bucketmap-sidecar \
+                 to measure that)"
+            .to_owned(),
+    };
+    match sidecar_bin_b() {
+        Some(b) => format!("Sidecar: {main}; sidecar B: `{}`.", b.display()),
+        None => format!("Sidecar: {main}."),
+    }
+}
 pub(crate) const LOGICAL: &str = "photos";
 pub(crate) const PHYSICAL: &str = "photos-k3x9q2mw";
 pub(crate) const MIB: u64 = 1 << 20;
@@ -449,6 +464,7 @@ fn new_report(settings: Settings) -> Report {
     Report {
         settings,
         date: command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "?".into()),
+        builds: measured_builds(),
         commit: {
             let head = command_output("git", &["rev-parse", "--short", "HEAD"])
                 .unwrap_or_else(|| "?".into());

@@ -24,6 +24,8 @@ pub(crate) struct Report {
     pub(crate) settings: Settings,
     pub(crate) date: String,
     pub(crate) commit: String,
+    /// Which builds of the sidecar were measured.
+    pub(crate) builds: String,
     pub(crate) cores: usize,
     /// Whether address-space randomisation was on for the bench's processes.
     pub(crate) randomised: bool,
@@ -59,6 +61,7 @@ impl Report {
             self.load_after,
             self.elapsed
         );
+        let _ = writeln!(out, "{}\n", self.builds);
 
         self.render_metadata(&mut out);
         self.render_throughput(&mut out);

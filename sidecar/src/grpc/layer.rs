@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response, header};
+use http::{Request, header};
 use http_body::Body;
 use tower::{Layer, Service};
 
 use super::service::GrpcProxy;
-use crate::body::{BoxError, ProxyBody};
-use crate::layers::{BoxFuture, Either};
+use crate::body::BoxError;
+use crate::layers::{Answer, BoxFuture, Either};
 
 /// Whether `req` is a gRPC call.
 pub fn is_grpc<B>(req: &Request<B>) -> bool {
@@ -57,17 +57,15 @@ pub struct Grpc<S> {
     proxy: Arc<GrpcProxy>,
 }
 
-type Answer = Result<Response<ProxyBody>, Infallible>;
-
 impl<S, B> Service<Request<B>> for Grpc<S>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>, Error = Infallible>,
+    S: Service<Request<B>, Response = Answer, Error = Infallible>,
     B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
     B::Error: Into<BoxError> + std::fmt::Display,
 {
-    type Response = Response<ProxyBody>;
+    type Response = Answer;
     type Error = Infallible;
-    type Future = Either<S::Future, BoxFuture<Answer>>;
+    type Future = Either<S::Future, BoxFuture<Result<Answer, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)

@@ -21,7 +21,7 @@ use super::{Names, headers, status};
 use crate::auth::Auth;
 use crate::body::{BoxError, ProxyBody, boxed, empty};
 use crate::config::UpstreamHttp;
-use crate::layers::{Rejected, labelled};
+use crate::layers::{Answer, Rejected};
 use crate::mapping::MappingStore;
 use crate::metrics::{GrpcLabels, Metrics};
 use crate::rewrite::Direction;
@@ -259,14 +259,16 @@ fn code_of_http(status: StatusCode) -> Code {
 }
 
 /// A trailers-only answer with `status`, counted.
-fn refuse(mut outcome: Outcome, status: &Status) -> Response<ProxyBody> {
+fn refuse(mut outcome: Outcome, status: &Status) -> Answer {
     outcome.record(status.code());
-    let mut response = labelled(status::response(status), OPERATION);
-    response.extensions_mut().insert(Rejected {
-        reason: code_name(status.code()),
-        message: status.message().to_owned(),
-    });
-    response
+    Answer {
+        response: status::response(status),
+        operation: OPERATION,
+        rejected: Some(Rejected {
+            reason: code_name(status.code()),
+            message: status.message().to_owned(),
+        }),
+    }
 }
 
 impl GrpcProxy {
@@ -288,7 +290,7 @@ impl GrpcProxy {
     }
 
     /// Serves one gRPC call.
-    pub async fn call<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody>
+    pub async fn call<B>(self: Arc<Self>, req: Request<B>) -> Answer
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError> + std::fmt::Display,
@@ -457,7 +459,7 @@ impl GrpcProxy {
         failed: Slot,
         mut outcome: Outcome,
         deadline: Option<tokio::time::Instant>,
-    ) -> Response<ProxyBody> {
+    ) -> Answer {
         let (mut parts, body) = response.into_parts();
         if parts.status != StatusCode::OK {
             let status = Status::new(
@@ -471,7 +473,7 @@ impl GrpcProxy {
             // Trailers-only: the status is in the headers.
             rewrite_status_headers(&mut parts.headers, &names.mapping);
             outcome.record(code);
-            return labelled(Response::from_parts(parts, empty()), OPERATION);
+            return Answer::new(Response::from_parts(parts, empty()), OPERATION);
         }
         let rewriter = self.rewriter(&names, rpc.response, Direction::ToLogical, &parts.headers);
         let side = ResponseSide {
@@ -481,7 +483,7 @@ impl GrpcProxy {
         };
         let body =
             RewriteBody::new(body, side, self.settings.max_message_bytes).with_deadline(deadline);
-        labelled(Response::from_parts(parts, boxed(body)), OPERATION)
+        Answer::new(Response::from_parts(parts, boxed(body)), OPERATION)
     }
 }
 

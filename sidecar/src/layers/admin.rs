@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use tower::{Layer, Service};
 
-use super::{Either, labelled};
+use super::{Answer, Either};
 use crate::body::{ProxyBody, full};
 use crate::config::INTERNAL_PREFIX;
 use crate::mapping::MappingStore;
@@ -131,11 +131,11 @@ pub struct AdminEndpoints<S> {
 
 impl<S, B> Service<Request<B>> for AdminEndpoints<S>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>, Error = Infallible>,
+    S: Service<Request<B>, Response = Answer, Error = Infallible>,
 {
-    type Response = Response<ProxyBody>;
+    type Response = Answer;
     type Error = Infallible;
-    type Future = Either<Ready<Result<Response<ProxyBody>, Infallible>>, S::Future>;
+    type Future = Either<Ready<Result<Answer, Infallible>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -147,8 +147,8 @@ where
             let mapping = admin.mapping.current();
             let (_, bucket) = virtual_host(&req, mapping.as_deref(), *listen);
             if bucket.is_none() {
-                let response = labelled(admin.answer(endpoint), "internal");
-                return Either::left(ready(Ok(response)));
+                let answer = Answer::new(admin.answer(endpoint), "internal");
+                return Either::left(ready(Ok(answer)));
             }
         }
         Either::right(self.inner.call(req))
@@ -160,7 +160,7 @@ mod tests {
     use tower::ServiceExt as _;
 
     use super::*;
-    use crate::layers::testing::{body, calls, counting, operation};
+    use crate::layers::testing::{body, calls, counting};
     use crate::mapping::Mapping;
 
     fn store(mapped: bool) -> Arc<MappingStore> {
@@ -222,23 +222,26 @@ mod tests {
             .clone()
             .oneshot(get("/_bucketmap/healthz", None))
             .await;
-        assert_eq!(health.status(), StatusCode::OK);
-        assert_eq!(operation(&health), Some("internal"));
+        assert_eq!(health.response.status(), StatusCode::OK);
+        assert_eq!(health.operation, "internal");
         let Ok(ready) = service
             .clone()
             .oneshot(get("/_bucketmap/readyz", None))
             .await;
-        assert_eq!(&body(ready).await[..], b"ready: 1 buckets mapped\n");
+        assert_eq!(
+            &body(ready.response).await[..],
+            b"ready: 1 buckets mapped\n"
+        );
         let Ok(unknown) = service.clone().oneshot(get("/_bucketmap/nope", None)).await;
-        assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
-        assert_eq!(operation(&unknown), Some("internal"));
+        assert_eq!(unknown.response.status(), StatusCode::NOT_FOUND);
+        assert_eq!(unknown.operation, "internal");
         assert_eq!(calls(&inner_calls), 0);
         // Anything else goes on, unanswered here.
         let Ok(other) = service
             .clone()
             .oneshot(get("/storage/v1/b/photos/o", None))
             .await;
-        assert_eq!(operation(&other), Some("inner"));
+        assert_eq!(other.operation, "inner");
         assert_eq!(calls(&inner_calls), 1);
     }
 
@@ -249,12 +252,12 @@ mod tests {
         let service = AdminLayer::new(admin, listen()).layer(inner);
         let req = get("/_bucketmap/healthz", Some("photos.localhost:9023"));
         let Ok(answer) = service.clone().oneshot(req).await;
-        assert_eq!(operation(&answer), Some("inner"));
+        assert_eq!(answer.operation, "inner");
         assert_eq!(calls(&inner_calls), 1);
         // A host that names no mapped bucket is not virtual-hosted.
         let req = get("/_bucketmap/healthz", Some("other.localhost:9023"));
         let Ok(answer) = service.oneshot(req).await;
-        assert_eq!(operation(&answer), Some("internal"));
+        assert_eq!(answer.operation, "internal");
         assert_eq!(calls(&inner_calls), 1);
     }
 }

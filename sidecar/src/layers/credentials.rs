@@ -10,13 +10,11 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::Response;
 use tower::{Layer, Service};
 
 use super::refuse::Routed;
-use super::{BoxFuture, Either, rejection};
+use super::{Answer, BoxFuture, Either, rejection};
 use crate::auth::Auth;
-use crate::body::ProxyBody;
 use crate::errors::ApiError;
 use crate::proxy::forwards_authorization;
 
@@ -53,20 +51,15 @@ pub struct Credentials<S> {
     auth: Arc<Auth>,
 }
 
-type Answer = Result<Response<ProxyBody>, Infallible>;
-
 impl<S, B> Service<Routed<B>> for Credentials<S>
 where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Routed<B>, Response = Answer, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
     B: Send + 'static,
 {
-    type Response = Response<ProxyBody>;
+    type Response = Answer;
     type Error = Infallible;
-    type Future = Either<S::Future, BoxFuture<Answer>>;
+    type Future = Either<S::Future, BoxFuture<Result<Answer, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -107,7 +100,6 @@ mod tests {
     use tower::{ServiceExt as _, service_fn};
 
     use super::*;
-    use crate::layers::labelled;
     use crate::mapping::Mapping;
     use crate::route::route;
 
@@ -147,14 +139,14 @@ mod tests {
             if let Ok(mut seen) = keep.lock() {
                 *seen = Some(routed.credentials);
             }
-            let response = labelled(Response::new(crate::body::empty()), "inner");
-            std::future::ready(Ok::<_, Infallible>(response))
+            let answer = Answer::new(http::Response::new(crate::body::empty()), "inner");
+            std::future::ready(Ok::<_, Infallible>(answer))
         });
-        let Ok(response) = CredentialsLayer::new(auth)
+        let Ok(answer) = CredentialsLayer::new(auth)
             .layer(inner)
             .oneshot(request)
             .await;
-        assert_eq!(response.status(), 200);
+        assert_eq!(answer.response.status(), 200);
         let handed = seen.lock().map(|mut s| s.take());
         handed
             .unwrap_or_else(|_| panic!("poisoned"))

@@ -15,9 +15,11 @@
 //! 6. the core: rewrite, forward through [`timeout`] (the upstream call's
 //!    time limit), rewrite back.
 //!
-//! Layers below [`record`] tell it what they did through the response's
-//! extensions: the [`Operation`] label and, for answers the sidecar gave
-//! itself, [`Rejected`].
+//! Layers below [`record`] answer with an [`Answer`]: the response, its
+//! operation label and, for answers the sidecar gave itself, [`Rejected`].
+//! A field rather than the response's extensions: an extension costs three
+//! allocations per request (the map, its table, the boxed value), about
+//! 1,000 instructions on a proxied metadata request (docs/BENCHMARKS.md).
 
 pub mod admin;
 pub mod credentials;
@@ -34,10 +36,28 @@ use http::Response;
 use crate::body::ProxyBody;
 use crate::errors::{ApiError, ErrorStyle};
 
-/// The operation label of a response (metrics and logs), set by the layer
-/// that answered; a response without one is `unrouted`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Operation(pub &'static str);
+/// A response and what [`record`] logs and counts of it.
+#[derive(Debug)]
+pub struct Answer {
+    /// What the client gets.
+    pub response: Response<ProxyBody>,
+    /// The operation label (metrics and logs): the GCS operation
+    /// (`objects.get`), `internal`, `grpc`, or `unrouted`.
+    pub operation: &'static str,
+    /// Set when the sidecar answered itself with an error.
+    pub rejected: Option<Rejected>,
+}
+
+impl Answer {
+    /// `response`, labelled `operation`.
+    pub fn new(response: Response<ProxyBody>, operation: &'static str) -> Self {
+        Self {
+            response,
+            operation,
+            rejected: None,
+        }
+    }
+}
 
 /// Marks an error the sidecar answered itself, with what its log line says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,27 +68,17 @@ pub struct Rejected {
     pub message: String,
 }
 
-/// The GCS-style answer to a request the sidecar refuses or cannot serve,
-/// labelled for [`record`].
-pub fn rejection(
-    error: ApiError,
-    style: ErrorStyle,
-    operation: &'static str,
-) -> Response<ProxyBody> {
+/// The GCS-style answer to a request the sidecar refuses or cannot serve.
+pub fn rejection(error: ApiError, style: ErrorStyle, operation: &'static str) -> Answer {
     let rejected = Rejected {
         reason: error.reason,
         message: error.message.clone(),
     };
-    let mut response = error.into_response(style);
-    response.extensions_mut().insert(Operation(operation));
-    response.extensions_mut().insert(rejected);
-    response
-}
-
-/// A response labelled with its operation, for [`record`].
-pub fn labelled<B>(mut response: Response<B>, operation: &'static str) -> Response<B> {
-    response.extensions_mut().insert(Operation(operation));
-    response
+    Answer {
+        response: error.into_response(style),
+        operation,
+        rejected: Some(rejected),
+    }
 }
 
 /// A boxed future, for layers whose work is asynchronous.
@@ -140,9 +150,9 @@ pub(crate) mod testing {
     pub(crate) struct Counting(Arc<AtomicUsize>);
 
     impl<R> tower::Service<R> for Counting {
-        type Response = Response<ProxyBody>;
+        type Response = super::Answer;
         type Error = Infallible;
-        type Future = std::future::Ready<Result<Response<ProxyBody>, Infallible>>;
+        type Future = std::future::Ready<Result<super::Answer, Infallible>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
             Poll::Ready(Ok(()))
@@ -150,8 +160,8 @@ pub(crate) mod testing {
 
         fn call(&mut self, _: R) -> Self::Future {
             self.0.fetch_add(1, Ordering::SeqCst);
-            let response = super::labelled(Response::new(full("inner")), "inner");
-            std::future::ready(Ok(response))
+            let answer = super::Answer::new(Response::new(full("inner")), "inner");
+            std::future::ready(Ok(answer))
         }
     }
 
@@ -170,12 +180,5 @@ pub(crate) mod testing {
             Ok(collected) => collected.to_bytes(),
             Err(err) => panic!("cannot read the body: {err}"),
         }
-    }
-
-    pub(crate) fn operation<B>(response: &Response<B>) -> Option<&'static str> {
-        response
-            .extensions()
-            .get::<super::Operation>()
-            .map(|op| op.0)
     }
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use http::{Method, Request, Response, Uri};
 use tower::{Layer, Service};
 
-use super::{BoxFuture, Operation, Rejected};
+use super::{Answer, BoxFuture};
 use crate::body::{Counted, ProxyBody, boxed};
 use crate::metrics::{Metrics, RequestLabels};
 
@@ -49,7 +49,7 @@ pub struct Record<S> {
 
 impl<S, B> Service<Request<B>> for Record<S>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>, Error = Infallible>,
+    S: Service<Request<B>, Response = Answer, Error = Infallible>,
     S::Future: Send + 'static,
 {
     type Response = Response<ProxyBody>;
@@ -68,13 +68,13 @@ where
         let in_flight = InFlight::new(self.metrics.clone());
         let future = self.inner.call(req);
         Box::pin(async move {
-            let Ok(response) = future.await;
+            let Ok(answer) = future.await;
             let seen = Seen {
                 method,
                 uri,
                 started,
             };
-            Ok(record(&in_flight.0, &seen, response))
+            Ok(record(&in_flight.0, &seen, answer))
         })
     }
 }
@@ -87,15 +87,16 @@ struct Seen {
 }
 
 /// Logs and counts one answered request; its body is counted as it streams.
-fn record(metrics: &Metrics, seen: &Seen, response: Response<ProxyBody>) -> Response<ProxyBody> {
+fn record(metrics: &Metrics, seen: &Seen, answer: Answer) -> Response<ProxyBody> {
+    let Answer {
+        response,
+        operation,
+        rejected,
+    } = answer;
     let method = &seen.method;
     let target = LogPath(seen.uri.path());
-    let operation = response
-        .extensions()
-        .get::<Operation>()
-        .map_or("unrouted", |op| op.0);
     let status = response.status().as_u16();
-    if let Some(rejected) = response.extensions().get::<Rejected>() {
+    if let Some(rejected) = rejected {
         tracing::info!(
             %method,
             path = %target,
@@ -153,8 +154,8 @@ mod tests {
     use super::*;
     use crate::body::full;
     use crate::errors::{ApiError, ErrorStyle};
+    use crate::layers::rejection;
     use crate::layers::testing::body;
-    use crate::layers::{labelled, rejection};
 
     fn count(metrics: &Metrics, operation: &'static str, status: u16) -> u64 {
         let labels = RequestLabels { operation, status };
@@ -174,41 +175,28 @@ mod tests {
         // The inner service answers with the in-flight gauge as it saw it.
         let inner = service_fn(move |_: Request<()>| {
             let in_flight = gauge.in_flight.get();
-            let response = labelled(Response::new(full(in_flight.to_string())), "objects.get");
-            std::future::ready(Ok::<_, Infallible>(response))
+            let answer = Answer::new(Response::new(full(in_flight.to_string())), "objects.get");
+            std::future::ready(Ok::<_, Infallible>(answer))
         });
         let record = RecordLayer::new(metrics.clone()).layer(inner);
         let Ok(response) = record.oneshot(get("/storage/v1/b/photos/o/x")).await;
         assert_eq!(metrics.in_flight.get(), 0, "the gauge goes back to 0");
         assert_eq!(&body(response).await[..], b"1", "in flight while served");
         assert_eq!(count(&metrics, "objects.get", 200), 1);
-        assert_eq!(count(&metrics, "unrouted", 200), 0);
         assert_eq!(metrics.to_client().get(), 1, "body bytes to the client");
-    }
-
-    #[tokio::test]
-    async fn an_unlabelled_answer_is_unrouted() {
-        let metrics = Arc::new(Metrics::new());
-        let inner = service_fn(|_: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(crate::body::empty()))
-        });
-        let record = RecordLayer::new(metrics.clone()).layer(inner);
-        let Ok(_) = record.oneshot(get("/x")).await;
-        assert_eq!(count(&metrics, "unrouted", 200), 1);
     }
 
     #[tokio::test]
     async fn a_dropped_request_leaves_the_gauge() {
         let metrics = Arc::new(Metrics::new());
-        let inner = service_fn(|_: Request<()>| {
-            std::future::pending::<Result<Response<ProxyBody>, Infallible>>()
-        });
+        let inner =
+            service_fn(|_: Request<()>| std::future::pending::<Result<Answer, Infallible>>());
         let mut record = RecordLayer::new(metrics.clone()).layer(inner);
         let future = record.call(get("/x"));
         assert_eq!(metrics.in_flight.get(), 1);
         drop(future);
         assert_eq!(metrics.in_flight.get(), 0);
-        assert_eq!(count(&metrics, "unrouted", 200), 0, "never answered");
+        assert_eq!(count(&metrics, "objects.get", 200), 0, "never answered");
     }
 
     /// Log lines written by `tracing`, kept for the test.

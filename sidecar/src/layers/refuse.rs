@@ -15,11 +15,10 @@ use std::task::{Context, Poll};
 
 use http::header::{HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response};
+use http::{Method, Request};
 use tower::{Layer, Service};
 
-use super::{Either, rejection};
-use crate::body::ProxyBody;
+use super::{Answer, Either, rejection};
 use crate::errors::{ApiError, ErrorStyle};
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
@@ -148,11 +147,11 @@ pub struct Refuse<S> {
 
 impl<S, B> Service<Request<B>> for Refuse<S>
 where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = Infallible>,
+    S: Service<Routed<B>, Response = Answer, Error = Infallible>,
 {
-    type Response = Response<ProxyBody>;
+    type Response = Answer;
     type Error = Infallible;
-    type Future = Either<Ready<Result<Response<ProxyBody>, Infallible>>, S::Future>;
+    type Future = Either<Ready<Result<Answer, Infallible>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -286,8 +285,7 @@ mod tests {
     use tower::{ServiceExt as _, service_fn};
 
     use super::*;
-    use crate::layers::labelled;
-    use crate::layers::testing::{body, calls, counting, operation};
+    use crate::layers::testing::{body, calls, counting};
     use crate::metrics::ReasonLabels;
 
     const PHYSICAL: &str = "photos-k3x9q2mw";
@@ -330,10 +328,10 @@ mod tests {
 
     /// Sends `req` through the layer around a counting inner service:
     /// the answer, and whether the inner service was called.
-    async fn refuse(layer: &RefuseLayer, req: Request<()>) -> (Response<ProxyBody>, bool) {
+    async fn refuse(layer: &RefuseLayer, req: Request<()>) -> (Answer, bool) {
         let (inner_calls, inner) = counting();
-        let Ok(response) = layer.layer(inner).oneshot(req).await;
-        (response, calls(&inner_calls) > 0)
+        let Ok(answer) = layer.layer(inner).oneshot(req).await;
+        (answer, calls(&inner_calls) > 0)
     }
 
     #[tokio::test]
@@ -386,17 +384,11 @@ mod tests {
         for (req, status, op, reason) in cases {
             let what = format!("{} {}", req.method(), req.uri());
             let counted = reason.map(|r| refused(&metrics, r));
-            let (response, called) = refuse(&layer, req).await;
+            let (answer, called) = refuse(&layer, req).await;
             assert!(!called, "{what}: the core was called");
-            assert_eq!(response.status().as_u16(), status, "{what}");
-            assert_eq!(operation(&response), Some(op), "{what}");
-            assert!(
-                response
-                    .extensions()
-                    .get::<super::super::Rejected>()
-                    .is_some(),
-                "{what}"
-            );
+            assert_eq!(answer.response.status().as_u16(), status, "{what}");
+            assert_eq!(answer.operation, op, "{what}");
+            assert!(answer.rejected.is_some(), "{what}");
             if let (Some(reason), Some(before)) = (reason, counted) {
                 assert_eq!(refused(&metrics, reason), before + 1, "{what}: {reason}");
             }
@@ -413,12 +405,12 @@ mod tests {
     #[tokio::test]
     async fn without_a_map_a_routed_request_is_not_ready() {
         let (layer, _) = layer(false);
-        let (response, called) =
+        let (answer, called) =
             refuse(&layer, request(Method::GET, "/storage/v1/b/photos/o", &[])).await;
         assert!(!called);
-        assert_eq!(response.status(), 503);
-        assert_eq!(operation(&response), Some("objects.list"));
-        let text = String::from_utf8_lossy(&body(response).await).into_owned();
+        assert_eq!(answer.response.status(), 503);
+        assert_eq!(answer.operation, "objects.list");
+        let text = String::from_utf8_lossy(&body(answer.response).await).into_owned();
         assert!(text.contains("backendNotReady"), "{text}");
     }
 
@@ -437,11 +429,11 @@ mod tests {
                     routed.route.operation,
                 ));
             }
-            let response = labelled(Response::new(crate::body::empty()), "inner");
-            std::future::ready(Ok::<_, Infallible>(response))
+            let answer = Answer::new(http::Response::new(crate::body::empty()), "inner");
+            std::future::ready(Ok::<_, Infallible>(answer))
         });
-        let Ok(response) = layer.layer(inner).oneshot(req).await;
-        assert_eq!(operation(&response), Some("inner"));
+        let Ok(answer) = layer.layer(inner).oneshot(req).await;
+        assert_eq!(answer.operation, "inner");
         handed
     }
 

@@ -151,18 +151,8 @@ fn resource_members(
         Resource::Objects => items(obj, Resource::Object, tr)?,
         Resource::Acls => items(obj, Resource::Acl, tr)?,
         Resource::Bucket => bucket_members(obj, tr)?,
-        Resource::Object => {
-            strict(obj, "bucket", tr)?;
-            id_prefix(obj, "id", tr);
-            link(obj, "selfLink", tr);
-            link(obj, "mediaLink", tr);
-            each(obj, "acl", Resource::Acl, tr)?;
-        }
-        Resource::Acl => {
-            strict(obj, "bucket", tr)?;
-            id_prefix(obj, "id", tr);
-            link(obj, "selfLink", tr);
-        }
+        Resource::Object => object_members(obj, tr)?,
+        Resource::Acl => acl_members(obj, tr)?,
         Resource::Policy => resource_name(obj, "resourceId", tr)?,
         Resource::Notification => {
             link(obj, "selfLink", tr);
@@ -221,7 +211,7 @@ fn bucket_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiEr
 /// A resource of unknown kind: every member that may name a bucket.
 fn generic_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiError> {
     strict(obj, "bucket", tr)?;
-    id_prefix(obj, "id", tr);
+    let _ = obj.each_string("id", |id, new| Ok(id_prefix(id, new, tr)));
     link(obj, "selfLink", tr);
     link(obj, "mediaLink", tr);
     resource_name(obj, "resourceId", tr)?;
@@ -243,17 +233,50 @@ fn each(
     obj.each_array(key, |value| Ok(Element::from(resource(value, item, tr)?)))
 }
 
+/// An object's members, read in one pass: the object resource is in every
+/// metadata response about an object, and a pass per field cost more than
+/// the rewrite of the fields.
+fn object_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiError> {
+    obj.each_member(|key, raw, out, scratch| match key {
+        "bucket" => string_member(raw, out, scratch, |name, new| strict_name(name, new, tr)),
+        "id" => string_member(raw, out, scratch, |id, new| Ok(id_prefix(id, new, tr))),
+        "selfLink" | "mediaLink" => string_member(raw, out, scratch, |url, new| {
+            Ok(push_rewritten_url(new, url, tr))
+        }),
+        "acl" => array_member(raw, out, |acl| {
+            Ok(Element::from(resource(acl, Resource::Acl, tr)?))
+        }),
+        _ => Ok(false),
+    })
+}
+
+/// An access control entry's members, in one pass (see [`object_members`]).
+fn acl_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiError> {
+    obj.each_member(|key, raw, out, scratch| match key {
+        "bucket" => string_member(raw, out, scratch, |name, new| strict_name(name, new, tr)),
+        "id" => string_member(raw, out, scratch, |id, new| Ok(id_prefix(id, new, tr))),
+        "selfLink" => string_member(raw, out, scratch, |url, new| {
+            Ok(push_rewritten_url(new, url, tr))
+        }),
+        _ => Ok(false),
+    })
+}
+
 /// A field that names a bucket the request must be allowed to use.
 fn strict(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) -> Result<(), ApiError> {
-    obj.each_string(key, |name, new| {
-        if name.is_empty() {
-            return Ok(false);
-        }
-        Ok(tr
-            .bucket_str(name)?
-            .map(|name| new.push_str(name))
-            .is_some())
-    })
+    obj.each_string(key, |name, new| strict_name(name, new, tr))
+}
+
+/// Writes the translation of `name`, a bucket the request must be allowed
+/// to use, into `new`; `false` when it stays as it is.
+fn strict_name(name: &str, new: &mut String, tr: &Translator<'_>) -> Result<bool, ApiError> {
+    if name.is_empty() {
+        return Ok(false);
+    }
+    Ok(tr
+        .bucket_str(name)?
+        .map(|name| new.push_str(name))
+        .is_some())
 }
 
 /// A field equal to a bucket name, informational only.
@@ -266,17 +289,17 @@ fn lenient(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
     });
 }
 
-/// An id whose first `/`-separated component is the bucket (`B/OBJECT/GEN`, `B/entity`).
-fn id_prefix(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
-    let _ = obj.each_string(key, |id, new| {
-        let (bucket, rest) = id.split_at(memchr::memchr(b'/', id.as_bytes()).unwrap_or(id.len()));
-        let Some(bucket) = tr.bucket_lenient_str(bucket) else {
-            return Ok(false);
-        };
-        new.push_str(bucket);
-        new.push_str(rest);
-        Ok(true)
-    });
+/// Writes `id` with its first `/`-separated component, the bucket
+/// (`B/OBJECT/GEN`, `B/entity`), translated into `new`; `false` when the
+/// mapping does not know it.
+fn id_prefix(id: &str, new: &mut String, tr: &Translator<'_>) -> bool {
+    let (bucket, rest) = id.split_at(memchr::memchr(b'/', id.as_bytes()).unwrap_or(id.len()));
+    let Some(bucket) = tr.bucket_lenient_str(bucket) else {
+        return false;
+    };
+    new.push_str(bucket);
+    new.push_str(rest);
+    true
 }
 
 fn link(obj: &mut Object<'_>, key: &str, tr: &Translator<'_>) {
@@ -433,26 +456,26 @@ impl<'a> Object<'a> {
         self.raw_values(key).any(|raw| raw.starts_with('{'))
     }
 
-    /// Calls `write` on every member named `key` not rewritten yet, with
-    /// the buffer of new values and the scratch string; when it answers
-    /// `true`, what it appended to the buffer is the member's new value.
-    fn each_raw(
+    /// Calls `write` on every member not rewritten yet, with its key, its
+    /// value, the buffer of new values and the scratch string; when it
+    /// answers `true`, what it appended to the buffer is the member's new
+    /// value.
+    fn each_member(
         &mut self,
-        key: &str,
-        mut write: impl FnMut(&'a str, &mut Vec<u8>, &mut String) -> Result<bool, ApiError>,
+        mut write: impl FnMut(&str, &'a str, &mut Vec<u8>, &mut String) -> Result<bool, ApiError>,
     ) -> Result<(), ApiError> {
+        let base = self.text.as_ptr() as usize;
         for &(k, raw) in &self.members {
-            let at = self.offset(raw);
-            if !self.key_is(k, key) || self.is_changed(at) {
+            let key = match k {
+                Key::Text(text) => text,
+                Key::Decoded(i) => self.decoded_keys.get(i).map_or("", String::as_str),
+            };
+            let at = raw.as_ptr() as usize - base;
+            if self.changes.iter().any(|(old, _)| old.start == at) {
                 continue;
             }
-            // The first reservation is for all of an object's few rewrites.
-            if self.new_values.capacity() == 0 {
-                self.new_values.reserve(NEW_VALUES_ROOM);
-            }
-            self.new_values.reserve(raw.len());
             let start = self.new_values.len();
-            if write(raw, &mut self.new_values, &mut self.scratch)? {
+            if write(key, raw, &mut self.new_values, &mut self.scratch)? {
                 let new = start..self.new_values.len();
                 self.changes.push((at..at + raw.len(), new));
             } else {
@@ -460,6 +483,19 @@ impl<'a> Object<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Calls `write` on every member named `key` not rewritten yet (see
+    /// [`Object::each_member`]).
+    fn each_raw(
+        &mut self,
+        key: &str,
+        mut write: impl FnMut(&'a str, &mut Vec<u8>, &mut String) -> Result<bool, ApiError>,
+    ) -> Result<(), ApiError> {
+        self.each_member(|k, raw, out, scratch| match k == key {
+            true => write(raw, out, scratch),
+            false => Ok(false),
+        })
     }
 
     /// Calls `f` on every member named `key`; a `Some` answer replaces it.
@@ -477,61 +513,25 @@ impl<'a> Object<'a> {
         })
     }
 
-    /// Calls `f` on every string member named `key`, with the string and an
-    /// empty one to write its new value into; when it answers `true`, that
-    /// value replaces the member.
+    /// Calls `f` on every string member named `key` (see [`string_member`]).
     fn each_string(
         &mut self,
         key: &str,
         mut f: impl FnMut(&str, &mut String) -> Result<bool, ApiError>,
     ) -> Result<(), ApiError> {
         self.each_raw(key, |raw, out, scratch| {
-            let Some(text) = string_value(raw) else {
-                return Ok(false);
-            };
-            scratch.clear();
-            scratch.reserve(raw.len().max(NEW_VALUES_ROOM / 2));
-            if !f(&text, scratch)? {
-                return Ok(false);
-            }
-            push_json_string(out, scratch);
-            Ok(true)
+            string_member(raw, out, scratch, &mut f)
         })
     }
 
-    /// Calls `f` on every element of every array member named `key`.
+    /// Calls `f` on every element of every array member named `key` (see
+    /// [`array_member`]).
     fn each_array(
         &mut self,
         key: &str,
         mut f: impl FnMut(&'a str) -> Result<Element, ApiError>,
     ) -> Result<(), ApiError> {
-        self.each_raw(key, |raw, out, _| {
-            if !raw.starts_with('[') {
-                return Ok(false);
-            }
-            let Some(elements) = scan::array_elements(raw) else {
-                return Ok(false);
-            };
-            let mut changed = false;
-            out.push(b'[');
-            let mut first = true;
-            for element in elements {
-                let new = f(element)?;
-                changed |= !matches!(new, Element::Keep);
-                let bytes = match &new {
-                    Element::Keep => element.as_bytes(),
-                    Element::Replace(bytes) => bytes,
-                    Element::Drop => continue,
-                };
-                if !first {
-                    out.push(b',');
-                }
-                first = false;
-                out.extend_from_slice(bytes);
-            }
-            out.push(b']');
-            Ok(changed)
-        })
+        self.each_raw(key, |raw, out, _| array_member(raw, out, &mut f))
     }
 
     /// The object's text with the rewritten values in place of the old
@@ -543,7 +543,12 @@ impl<'a> Object<'a> {
         }
         self.changes.sort_unstable_by_key(|(old, _)| old.start);
         let text = self.text.as_bytes();
-        let mut out = Vec::with_capacity(text.len() + self.new_values.len());
+        // Exactly the length of the result: a vector as long as its
+        // capacity becomes `Bytes` without another allocation.
+        let length = self.changes.iter().fold(text.len(), |n, (old, new)| {
+            (n + new.len()).saturating_sub(old.len())
+        });
+        let mut out = Vec::with_capacity(length);
         let mut at = 0;
         for (old, new) in &self.changes {
             out.extend_from_slice(&text[at..old.start]);
@@ -553,6 +558,72 @@ impl<'a> Object<'a> {
         out.extend_from_slice(&text[at..]);
         Some(out)
     }
+}
+
+/// Room in `out` for a new value in place of `raw`; the first reservation
+/// is for all of an object's few rewrites.
+fn room(out: &mut Vec<u8>, raw: &str) {
+    if out.capacity() == 0 {
+        out.reserve(NEW_VALUES_ROOM);
+    }
+    out.reserve(raw.len());
+}
+
+/// A string member's value `raw`: `f` gets the string and an empty one to
+/// write its new value into; when it answers `true`, that value, serialised
+/// into `out`, replaces the member.
+fn string_member(
+    raw: &str,
+    out: &mut Vec<u8>,
+    scratch: &mut String,
+    mut f: impl FnMut(&str, &mut String) -> Result<bool, ApiError>,
+) -> Result<bool, ApiError> {
+    let Some(text) = string_value(raw) else {
+        return Ok(false);
+    };
+    scratch.clear();
+    scratch.reserve(raw.len().max(NEW_VALUES_ROOM / 2));
+    if !f(&text, scratch)? {
+        return Ok(false);
+    }
+    room(out, raw);
+    push_json_string(out, scratch);
+    Ok(true)
+}
+
+/// An array member's value `raw`: `f` decides of each element; the new
+/// array goes to `out` when one changed.
+fn array_member<'a>(
+    raw: &'a str,
+    out: &mut Vec<u8>,
+    mut f: impl FnMut(&'a str) -> Result<Element, ApiError>,
+) -> Result<bool, ApiError> {
+    if !raw.starts_with('[') {
+        return Ok(false);
+    }
+    let Some(elements) = scan::array_elements(raw) else {
+        return Ok(false);
+    };
+    room(out, raw);
+    let mut changed = false;
+    out.push(b'[');
+    let mut first = true;
+    for element in elements {
+        let new = f(element)?;
+        changed |= !matches!(new, Element::Keep);
+        let bytes = match &new {
+            Element::Keep => element.as_bytes(),
+            Element::Replace(bytes) => bytes,
+            Element::Drop => continue,
+        };
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(bytes);
+    }
+    out.push(b']');
+    Ok(changed)
 }
 
 /// A JSON string value, borrowed when it has no escapes.
@@ -669,6 +740,30 @@ mod tests {
         assert_eq!(
             doc["acl"][0]["id"],
             "photos/photos-k3x9q2mw/a.jpg/17/user-x"
+        );
+    }
+
+    #[test]
+    fn a_rewritten_body_fills_its_buffer_exactly() {
+        // `Bytes::from` takes a vector as long as its capacity without
+        // allocating again.
+        let (m, links) = (mapping(), sidecar_base());
+        let tr = translator(&m, &links, Direction::ToLogical);
+        let body = br#"{"kind": "storage#object", "bucket": "photos-k3x9q2mw",
+            "id": "photos-k3x9q2mw/x/1", "name": "x",
+            "selfLink": "https://www.googleapis.com/storage/v1/b/photos-k3x9q2mw/o/x",
+            "acl": [{"bucket": "photos-k3x9q2mw", "entity": "user-x"}]}"#;
+        let JsonBody::Changed(new) =
+            rewrite_json_body(body, Resource::Object, &tr).expect("rewrites")
+        else {
+            panic!("the body changes");
+        };
+        assert_eq!(new.len(), new.capacity());
+        let text = String::from_utf8_lossy(&new);
+        assert!(text.contains(r#""bucket": "photos","#), "{text}");
+        assert!(
+            text.contains(r#"[{"bucket": "photos", "entity": "user-x"}]"#),
+            "{text}"
         );
     }
 
