@@ -26,7 +26,7 @@ use crate::layers::refuse::{METHOD_OVERRIDE_HEADER, Routed};
 use crate::layers::timeout::{TimeoutFuture, UpstreamError, UpstreamTimeout, UpstreamTimeoutLayer};
 use crate::layers::{Answer, BoxFuture, rejection};
 use crate::mapping::{Mapping, MappingStore};
-use crate::metrics::{Metrics, OperationLabels};
+use crate::metrics::Metrics;
 use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
 use crate::rewrite::strict::check_request_json;
 use crate::rewrite::text::replace_bucket_tokens;
@@ -445,11 +445,8 @@ impl Proxy {
         let sent = Instant::now();
         let result = self.call_upstream(request).await;
         if !matches!(result, Err(UpstreamError::TimedOut)) {
-            let labels = OperationLabels { operation };
             self.metrics
-                .upstream_latency
-                .get_or_create(&labels)
-                .observe(sent.elapsed().as_secs_f64());
+                .observe_upstream(operation, sent.elapsed().as_secs_f64());
         }
         result.map_err(|e| e.into_api_error(operation))
     }
@@ -498,7 +495,8 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, ApiError> {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        for name in &LINK_HEADERS {
+        let links = present(&parts.headers, LINK_HEADERS.each_ref());
+        for (name, _) in LINK_HEADERS.iter().zip(links).filter(|(_, here)| *here) {
             if let Some(value) = parts.headers.get(name).and_then(|v| v.to_str().ok()) {
                 let absolute = if value.starts_with('/') {
                     format!("{}://{}{value}", tr.links.scheme, tr.links.authority)
@@ -758,15 +756,28 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
 
 /// Which of `names` `headers` holds, found in one pass over the few
 /// headers a message has: removing or looking up an absent name still
-/// hashes it and probes the map.
+/// hashes it and probes the map. A header is compared only with the names
+/// of its length; most headers have none.
 fn present<const N: usize>(headers: &HeaderMap, names: [&HeaderName; N]) -> [bool; N] {
+    let lengths = names
+        .iter()
+        .fold(0u64, |mask, name| mask | length_bit(name.as_str().len()));
     let mut present = [false; N];
     for name in headers.keys() {
+        if lengths & length_bit(name.as_str().len()) == 0 {
+            continue;
+        }
         if let Some(i) = names.iter().position(|wanted| *wanted == name) {
             present[i] = true;
         }
     }
     present
+}
+
+/// A bit for a header name's length in a mask of lengths; names of 63
+/// bytes and more share the last bit.
+fn length_bit(length: usize) -> u64 {
+    1 << length.min(63)
 }
 
 /// Removes the headers `names` from `headers`, only those it holds.
@@ -900,6 +911,35 @@ mod tests {
         let mut headers = header_map(&[("upgrade", "h2c")]);
         strip_hop_by_hop(&mut headers);
         assert!(headers.is_empty(), "{headers:?}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn present_finds_what_a_plain_search_finds(
+            held in proptest::collection::vec(
+                "connection|keep-alive|te|trailer|upgrade|location|x-goog-upload-url|\
+                 x-goog-generation|transfer-encodinx|content-type|x-[a-z]{60,70}|[a-z-]{1,20}",
+                0..12,
+            ),
+            wanted_long in "x-[a-z]{61,70}",
+        ) {
+            let headers: HeaderMap = held
+                .iter()
+                .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+                .map(|name| (name, HeaderValue::from_static("v")))
+                .collect();
+            let long = HeaderName::from_bytes(wanted_long.as_bytes())
+                .unwrap_or_else(|e| panic!("{wanted_long}: {e}"));
+            let mut names: Vec<&HeaderName> = HOP_BY_HOP.iter().chain(&LINK_HEADERS).collect();
+            names.push(&long);
+            let names: [&HeaderName; 14] = names
+                .try_into()
+                .unwrap_or_else(|n: Vec<_>| panic!("{} names", n.len()));
+            let found = present(&headers, names);
+            for (name, here) in names.iter().zip(found) {
+                proptest::prop_assert_eq!(here, headers.contains_key(*name), "{}", name);
+            }
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tower::{Layer, Service};
 
 use super::{Answer, BoxFuture};
 use crate::body::{Counted, ProxyBody, boxed};
-use crate::metrics::{Metrics, RequestLabels};
+use crate::metrics::Metrics;
 
 /// Records every request through the service it wraps.
 #[derive(Clone, Debug)]
@@ -61,7 +61,8 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let started = Instant::now();
+        // Only the `served` line needs the time (two clock reads).
+        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let method = req.method().clone();
         // For the log lines (a `Uri` clone shares its bytes).
         let uri = req.uri().clone();
@@ -83,7 +84,8 @@ where
 struct Seen {
     method: Method,
     uri: Uri,
-    started: Instant,
+    /// When the request came, if the `served` line is logged.
+    started: Option<Instant>,
 }
 
 /// Logs and counts one answered request; its body is counted as it streams.
@@ -107,10 +109,11 @@ fn record(metrics: &Metrics, seen: &Seen, answer: Answer) -> Response<ProxyBody>
             "rejected"
         );
     }
-    let labels = RequestLabels { operation, status };
-    metrics.requests.get_or_create(&labels).inc();
-    let elapsed_ms = seen.started.elapsed().as_millis() as u64;
-    tracing::debug!(%method, path = %target, operation, status, elapsed_ms, "served");
+    metrics.count_request(operation, status);
+    if let Some(started) = seen.started {
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        tracing::debug!(%method, path = %target, operation, status, elapsed_ms, "served");
+    }
     let to_client = metrics.to_client();
     response.map(|body| boxed(Counted::new(body, to_client)))
 }
@@ -156,6 +159,7 @@ mod tests {
     use crate::errors::{ApiError, ErrorStyle};
     use crate::layers::rejection;
     use crate::layers::testing::body;
+    use crate::metrics::RequestLabels;
 
     fn count(metrics: &Metrics, operation: &'static str, status: u16) -> u64 {
         let labels = RequestLabels { operation, status };
