@@ -1,7 +1,8 @@
 //! Benchmark of `bucketmap-sidecar` against what a user would run instead:
 //! the same requests sent straight to an upstream, through a plain TCP
 //! relay (the floor), through nginx (plain, and rewriting bucket names as
-//! the sidecar does) and through the release-built sidecar, in one run,
+//! the sidecar does) and through the sidecar as the image ships it (built
+//! first with `cargo build --profile dist-sidecar`), in one run,
 //! every figure printed next to its ratio to direct and to nginx-rewrite.
 //! It is not a test: the targets (issue 12) are reported (met / MISSED),
 //! never asserted.
@@ -10,6 +11,7 @@
 //! cargo bench -p bucketmap-sidecar --bench proxy
 //! BUCKETMAP_BENCH_QUICK=1 cargo bench -p bucketmap-sidecar --bench proxy   # smoke run, small sizes
 //! BUCKETMAP_BENCH_SIDECAR_BIN=/path/to/bucketmap-sidecar cargo bench ...    # another build
+//! BUCKETMAP_BENCH_SIDECAR_BIN=bench cargo bench ...    # cargo's bench build (unwinds on a panic)
 //! BUCKETMAP_BENCH_SIDECAR_BIN_B=/path/to/bucketmap-sidecar cargo bench ...  # and a second one beside it
 //! NGINX_BIN=/usr/sbin/nginx cargo bench ...    # another nginx than tools/nginx/install.sh's
 //! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,rps,streaming,memory,instructions,grpc,tls
@@ -104,7 +106,7 @@ use std::net::{SocketAddr, TcpListener as StdTcpListener};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -150,12 +152,59 @@ use tls::*;
 use upstream::*;
 
 pub(crate) const SIDECAR_BIN: &str = env!("CARGO_BIN_EXE_bucketmap-sidecar");
+const SIDECAR_BIN_ENV: &str = "BUCKETMAP_BENCH_SIDECAR_BIN";
 
-/// The sidecar under test: the one cargo built for this bench, or
-/// `BUCKETMAP_BENCH_SIDECAR_BIN` (to compare another build).
+/// The shipped build, when [`build_shipped_sidecar`] made it.
+static SHIPPED: OnceLock<PathBuf> = OnceLock::new();
+
+/// The sidecar under test: `BUCKETMAP_BENCH_SIDECAR_BIN` (`bench`: the one
+/// cargo built for this bench), or else the shipped build.
 pub(crate) fn sidecar_bin() -> PathBuf {
-    std::env::var_os("BUCKETMAP_BENCH_SIDECAR_BIN")
-        .map_or_else(|| PathBuf::from(SIDECAR_BIN), PathBuf::from)
+    match std::env::var_os(SIDECAR_BIN_ENV) {
+        Some(bin) if bin == "bench" => PathBuf::from(SIDECAR_BIN),
+        Some(bin) => PathBuf::from(bin),
+        None => SHIPPED
+            .get()
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(SIDECAR_BIN)),
+    }
+}
+
+/// Builds the sidecar as the image ships it, `cargo build --profile
+/// dist-sidecar -p bucketmap-sidecar`, unless `BUCKETMAP_BENCH_SIDECAR_BIN`
+/// names a build: cargo's bench build unwinds on a panic, and the shipped
+/// one, which aborts, runs about 6 % fewer instructions per request
+/// (docs/BENCHMARKS.md). Its path is in [`SHIPPED`].
+fn build_shipped_sidecar() -> Result<()> {
+    if std::env::var_os(SIDECAR_BIN_ENV).is_some() {
+        return Ok(());
+    }
+    eprintln!("bench: building the shipped sidecar (cargo build --profile dist-sidecar)");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "build",
+            "--profile",
+            "dist-sidecar",
+            "-p",
+            "bucketmap-sidecar",
+        ])
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo to build the shipped sidecar")?;
+    anyhow::ensure!(out.status.success(), "building the shipped sidecar failed");
+    let built = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|msg| {
+            msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "bucketmap-sidecar"
+        })
+        .and_then(|msg| msg["executable"].as_str().map(PathBuf::from))
+        .context("cargo named no bucketmap-sidecar executable")?;
+    let _ = SHIPPED.set(built);
+    Ok(())
 }
 
 /// A second sidecar build, `BUCKETMAP_BENCH_SIDECAR_BIN_B`: measured as one
@@ -167,12 +216,16 @@ pub(crate) fn sidecar_bin_b() -> Option<PathBuf> {
 
 /// The report's line on the sidecar builds measured.
 fn measured_builds() -> String {
-    let main = match std::env::var_os("BUCKETMAP_BENCH_SIDECAR_BIN") {
+    let main = match std::env::var_os(SIDECAR_BIN_ENV) {
+        Some(bin) if bin == "bench" => {
+            "cargo's bench build (it unwinds on a panic; the image ships the `dist-sidecar` profile)"
+                .to_owned()
+        }
         Some(bin) => format!("`{}`", PathBuf::from(bin).display()),
-        None => "cargo's bench build (it unwinds on a panic; the image ships the \
-                 `dist-sidecar` profile: set BUCKETMAP_BENCH_SIDECAR_BIN=target/dist-sidecar/bucketmap-sidecar \
-                 to measure that)"
-            .to_owned(),
+        None => format!(
+            "the shipped build (`dist-sidecar` profile), `{}`",
+            sidecar_bin().display()
+        ),
     };
     match sidecar_bin_b() {
         Some(b) => format!("Sidecar: {main}; sidecar B: `{}`.", b.display()),
@@ -696,6 +749,7 @@ fn rerun_without_address_randomisation() -> Option<std::process::ExitCode> {
         .arg(&exe)
         .args(std::env::args_os().skip(1))
         .env(RERUN_ENV, "1")
+        .envs(SHIPPED.get().map(|bin| (SIDECAR_BIN_ENV, bin)))
         .status();
     match status {
         Ok(status) => {
@@ -718,6 +772,10 @@ fn main() -> std::process::ExitCode {
     }
     if let Ok(spec) = std::env::var(HTTP_RELAY_ENV) {
         return http_relay_main(&spec);
+    }
+    if let Err(e) = build_shipped_sidecar() {
+        eprintln!("bench: {e:#}");
+        return std::process::ExitCode::FAILURE;
     }
     if let Some(code) = rerun_without_address_randomisation() {
         return code;

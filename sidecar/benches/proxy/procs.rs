@@ -113,7 +113,7 @@ impl Launch<'_> {
     }
 }
 
-/// Starts the release-built sidecar in front of `upstream` (plain HTTP).
+/// Starts the sidecar under test in front of `upstream` (plain HTTP).
 pub(crate) async fn start_sidecar(
     client: &HttpClient,
     upstream: SocketAddr,
@@ -125,7 +125,7 @@ pub(crate) async fn start_sidecar(
     start_sidecar_to(client, &upstream, &[], dir, tag, launch).await
 }
 
-/// Starts the release-built sidecar in front of the upstream URL
+/// Starts the sidecar under test in front of the upstream URL
 /// `upstream`, with the further arguments `extra`.
 pub(crate) async fn start_sidecar_to(
     client: &HttpClient,
