@@ -199,34 +199,26 @@ impl Metrics {
 
     /// Counts a request answered with `status`, by its operation label.
     pub fn count_request(&self, operation: &'static str, status: u16) {
-        let key = (SeriesKey::of(operation), status);
-        let mut series = self.series();
-        if let Some(counter) = series.requests.get(&key) {
-            counter.inc();
-            return;
-        }
-        let counter = self
+        self.series()
             .requests
-            .get_or_create(&RequestLabels { operation, status })
-            .clone();
-        counter.inc();
-        series.requests.insert(key, counter);
+            .entry((SeriesKey::of(operation), status))
+            .or_insert_with(|| {
+                let labels = RequestLabels { operation, status };
+                self.requests.get_or_create(&labels).clone()
+            })
+            .inc();
     }
 
     /// Records the wait of an upstream call for its response headers.
     pub fn observe_upstream(&self, operation: &'static str, seconds: f64) {
-        let key = SeriesKey::of(operation);
-        let mut series = self.series();
-        if let Some(histogram) = series.upstream_latency.get(&key) {
-            histogram.observe(seconds);
-            return;
-        }
-        let histogram = self
+        self.series()
             .upstream_latency
-            .get_or_create(&OperationLabels { operation })
-            .clone();
-        histogram.observe(seconds);
-        series.upstream_latency.insert(key, histogram);
+            .entry(SeriesKey::of(operation))
+            .or_insert_with(|| {
+                let labels = OperationLabels { operation };
+                self.upstream_latency.get_or_create(&labels).clone()
+            })
+            .observe(seconds);
     }
 
     fn series(&self) -> MutexGuard<'_, Series> {
