@@ -29,9 +29,17 @@ if [[ ! -x "$inferno_root/bin/inferno-flamegraph" ]]; then
   cargo install --locked --quiet --version "=$inferno_version" --root "$inferno_root" inferno
 fi
 
-log "building the sidecar and its bench (release)"
+# The sidecar as the image ships it (the `dist-sidecar` profile), with line
+# tables so that perf can name inlined frames; in its own target directory,
+# so that the shipped build in target/ is not replaced by one with debug
+# information.
+profile_target="$repo/target/prof"
+sidecar="$profile_target/dist-sidecar/bucketmap-sidecar"
+log "building the shipped sidecar with line tables, and the bench"
 cd "$repo"
-cargo build --release --quiet -p bucketmap-sidecar --bin bucketmap-sidecar
+CARGO_PROFILE_DIST_SIDECAR_DEBUG=line-tables-only \
+  cargo build --profile dist-sidecar --quiet -p bucketmap-sidecar --bin bucketmap-sidecar \
+  --target-dir "$profile_target"
 bench="$(cargo bench -p bucketmap-sidecar --bench proxy --no-run --message-format=json 2>/dev/null |
   jq -r 'select(.reason == "compiler-artifact" and .target.name == "proxy" and .executable != null) | .executable' |
   tail -n 1)"
@@ -44,7 +52,7 @@ trap 'rm -rf "$work"' EXIT
 cat >"$work/sidecar" <<EOF
 #!/bin/sh
 (sleep 0.3; exec perf record -q -F 1999 --call-graph dwarf,16384 -p \$\$ -o "$work/perf.data" -- sleep 60 >/dev/null 2>&1) &
-exec "$repo/target/release/bucketmap-sidecar" "\$@"
+exec "$sidecar" "\$@"
 EOF
 chmod +x "$work/sidecar"
 
@@ -56,6 +64,8 @@ while pgrep -f "perf record .*$work/perf.data" >/dev/null; do sleep 1; done
 mkdir -p "$(dirname "$out")"
 perf script -i "$work/perf.data" 2>/dev/null |
   "$inferno_root/bin/inferno-collapse-perf" >"$work/folded"
-"$inferno_root/bin/inferno-flamegraph" --title "bucketmap-sidecar: metadata GETs (bench rps phase)" <"$work/folded" >"$out"
+# Frames narrower than half a pixel are left out: the line tables name
+# every inlined frame, and the drawing would be three times the size.
+"$inferno_root/bin/inferno-flamegraph" --minwidth 0.5 --title "bucketmap-sidecar: metadata GETs (bench rps phase)" <"$work/folded" >"$out"
 cp "$work/folded" "${out%.svg}.folded"
 log "wrote $out (and ${out%.svg}.folded)"
