@@ -20,7 +20,11 @@ pub fn init(format: LogFormat) {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match format {
         LogFormat::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_ansi(colours_wanted()),
+            )
             .try_init(),
         LogFormat::Json => registry
             .with(fmt::layer().json().with_writer(std::io::stderr))
@@ -29,4 +33,11 @@ pub fn init(format: LogFormat) {
     if let Err(e) = result {
         eprintln!("logging was already initialised: {e}");
     }
+}
+
+/// Terminal colours only on a terminal, and not under `NO_COLOR`: a log
+/// file or a collector reading a pipe gets plain text, not escape codes.
+fn colours_wanted() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
 }

@@ -22,10 +22,13 @@ async fn operator_command_serves_probes_and_metrics_and_stops_on_sigterm() -> Te
     let f = Fixture::new().await?;
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
+    let log = tempfile::NamedTempFile::new()?;
     let mut child = f
         .operator_command()
         .args(["--default-project", "bin-project", "--namespace", &f.ns])
         .args(["--metrics-addr", &addr])
+        .env_remove("NO_COLOR")
+        .stderr(log.reopen()?)
         .spawn()?;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -73,6 +76,10 @@ async fn operator_command_serves_probes_and_metrics_and_stops_on_sigterm() -> Te
     assert!(sent.success(), "kill -TERM {pid} failed");
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await??;
     assert!(status.success(), "operator exited with {status}");
+    // Its log, written to a file as to a pod's log, is plain text.
+    let log = std::fs::read_to_string(log.path())?;
+    assert!(log.contains("INFO"), "{log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in {log:?}");
     Ok(())
 }
 
