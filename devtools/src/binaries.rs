@@ -23,6 +23,9 @@ pub async fn sibling(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
         == Some("release");
     let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     build.args(["build", "--quiet", "-p", package, "--bin", bin]);
+    for name in bucketmap_testkit::package_env_vars() {
+        build.env_remove(name);
+    }
     if release {
         build.arg("--release");
     }

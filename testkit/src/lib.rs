@@ -7,7 +7,8 @@
 //!   injection;
 //! - [`http`]: a small loopback HTTP client (hyper) for probes and metrics;
 //! - [`free_port`], [`repo_path`], [`shipped_finalizer_webhook`]: fixtures
-//!   shared by the test suites and the benchmark.
+//!   shared by the test suites and the benchmark;
+//! - [`package_env_vars`]: what a nested cargo must not inherit.
 
 pub mod http;
 pub mod mock_gcs;
@@ -67,5 +68,52 @@ pub fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race against another installer is fine: any provider works.
         let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// The names of the environment variables cargo set for the package this
+/// process runs as (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, `OUT_DIR`, ...),
+/// for a nested `cargo build` to go without: inherited, they reach the
+/// build scripts that read them (ring's does), whose fingerprints then
+/// differ from a plain build's, so the nested build and the next build by
+/// hand each rebuild ring and everything above it.
+pub fn package_env_vars() -> Vec<String> {
+    const SET_FOR_THE_PACKAGE: [&str; 9] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_BIN_EXE_")
+                || SET_FOR_THE_PACKAGE.contains(&name.as_str())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Run by `cargo test`, this process has its package's variables and
+    /// cargo's own; only the first are listed.
+    #[test]
+    fn the_package_variables_cargo_set_are_listed_and_nothing_else() {
+        let names = super::package_env_vars();
+        for set in ["CARGO_PKG_NAME", "CARGO_PKG_VERSION", "CARGO_MANIFEST_DIR"] {
+            assert!(
+                names.iter().any(|n| n == set),
+                "{set} missing from {names:?}"
+            );
+        }
+        for kept in ["CARGO", "PATH", "HOME", "RUSTUP_TOOLCHAIN", "CARGO_HOME"] {
+            assert!(!names.iter().any(|n| n == kept), "{kept} listed: {names:?}");
+        }
     }
 }

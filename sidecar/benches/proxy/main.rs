@@ -182,7 +182,9 @@ fn build_shipped_sidecar() -> Result<()> {
     eprintln!("bench: building the shipped sidecar (cargo build --profile dist-sidecar)");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
-    without_package_env(&mut build);
+    for name in bucketmap_testkit::package_env_vars() {
+        build.env_remove(name);
+    }
     let out = build
         .args([
             "build",
@@ -207,34 +209,6 @@ fn build_shipped_sidecar() -> Result<()> {
         .context("cargo named no bucketmap-sidecar executable")?;
     let _ = SHIPPED.set(built);
     Ok(())
-}
-
-/// Removes from `command` the variables cargo sets for the bench's own
-/// package (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, `OUT_DIR`, ...). Inherited by
-/// a nested cargo, they reach the build scripts and `env!`s that read them,
-/// whose fingerprints then differ from a plain build's: the shipped sidecar
-/// was rebuilt on every bench run, and again by the next build by hand.
-fn without_package_env(command: &mut Command) {
-    const SET_FOR_THE_PACKAGE: [&str; 9] = [
-        "CARGO_MANIFEST_DIR",
-        "CARGO_MANIFEST_PATH",
-        "CARGO_MANIFEST_LINKS",
-        "CARGO_CRATE_NAME",
-        "CARGO_BIN_NAME",
-        "CARGO_PRIMARY_PACKAGE",
-        "CARGO_TARGET_TMPDIR",
-        "CARGO_RUSTC_CURRENT_DIR",
-        "OUT_DIR",
-    ];
-    for (name, _) in std::env::vars_os() {
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_BIN_EXE_")
-            || SET_FOR_THE_PACKAGE.contains(&name)
-        {
-            command.env_remove(name);
-        }
-    }
 }
 
 /// A second sidecar build, `BUCKETMAP_BENCH_SIDECAR_BIN_B`: measured as one
