@@ -153,6 +153,10 @@ use upstream::*;
 
 pub(crate) const SIDECAR_BIN: &str = env!("CARGO_BIN_EXE_bucketmap-sidecar");
 const SIDECAR_BIN_ENV: &str = "BUCKETMAP_BENCH_SIDECAR_BIN";
+/// The shipped build's path, handed to the bench's re-run under `setarch`
+/// (which then neither builds it again nor takes it for a build named by
+/// hand).
+const SHIPPED_ENV: &str = "BUCKETMAP_BENCH_SHIPPED_BIN";
 
 /// The shipped build, when [`build_shipped_sidecar`] made it.
 static SHIPPED: OnceLock<PathBuf> = OnceLock::new();
@@ -177,6 +181,10 @@ pub(crate) fn sidecar_bin() -> PathBuf {
 /// (docs/BENCHMARKS.md). Its path is in [`SHIPPED`].
 fn build_shipped_sidecar() -> Result<()> {
     if std::env::var_os(SIDECAR_BIN_ENV).is_some() {
+        return Ok(());
+    }
+    if let Some(built) = std::env::var_os(SHIPPED_ENV) {
+        let _ = SHIPPED.set(PathBuf::from(built));
         return Ok(());
     }
     eprintln!("bench: building the shipped sidecar (cargo build --profile dist-sidecar)");
@@ -220,16 +228,17 @@ pub(crate) fn sidecar_bin_b() -> Option<PathBuf> {
 
 /// The report's line on the sidecar builds measured.
 fn measured_builds() -> String {
-    let main = match std::env::var_os(SIDECAR_BIN_ENV) {
-        Some(bin) if bin == "bench" => {
-            "cargo's bench build (it unwinds on a panic; the image ships the `dist-sidecar` profile)"
-                .to_owned()
-        }
-        Some(bin) => format!("`{}`", PathBuf::from(bin).display()),
-        None => format!(
+    let bin = sidecar_bin();
+    let main = if SHIPPED.get() == Some(&bin) {
+        format!(
             "the shipped build (`dist-sidecar` profile), `{}`",
-            sidecar_bin().display()
-        ),
+            bin.display()
+        )
+    } else if bin == Path::new(SIDECAR_BIN) {
+        "cargo's bench build (it unwinds on a panic; the image ships the `dist-sidecar` profile)"
+            .to_owned()
+    } else {
+        format!("`{}`", bin.display())
     };
     match sidecar_bin_b() {
         Some(b) => format!("Sidecar: {main}; sidecar B: `{}`.", b.display()),
@@ -753,7 +762,7 @@ fn rerun_without_address_randomisation() -> Option<std::process::ExitCode> {
         .arg(&exe)
         .args(std::env::args_os().skip(1))
         .env(RERUN_ENV, "1")
-        .envs(SHIPPED.get().map(|bin| (SIDECAR_BIN_ENV, bin)))
+        .envs(SHIPPED.get().map(|bin| (SHIPPED_ENV, bin)))
         .status();
     match status {
         Ok(status) => {
