@@ -8,14 +8,16 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 # The `dist` profile (Cargo.toml): `release` plus fat LTO and one codegen unit;
-# the sidecar's `dist-sidecar` also aborts on a panic.
+# the sidecar's `dist-sidecar` also aborts on a panic, and tools/pgo/build.sh
+# builds it with the profile of its training run, sidecar/pgo/sidecar.profdata
+# (profile-guided optimisation; tools/pgo/train.sh refreshes the profile).
 # One package per build: built together, Cargo would unify their dependencies'
 # features and link the operator's second crypto library (aws-lc) into the
 # sidecar as well (sidecar/Cargo.toml, google-cloud-auth).
 RUN cargo build --profile dist --locked -p bucketmap \
- && cargo build --profile dist-sidecar --locked -p bucketmap-sidecar \
+ && sidecar="$(bash tools/pgo/build.sh | tail -n 1)" \
  && mkdir /out \
- && cp target/dist/bucketmap target/dist-sidecar/bucketmap-sidecar /out/
+ && cp target/dist/bucketmap "$sidecar" /out/
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/bucketmap /out/bucketmap-sidecar /usr/local/bin/

@@ -67,10 +67,32 @@ fn the_product_depends_on_no_test_kit_or_developer_tooling() -> anyhow::Result<(
     Ok(())
 }
 
+/// The Dockerfile's lines and those of the scripts it runs (`bash tools/…`),
+/// comments left out.
+fn image_build_commands() -> anyhow::Result<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile"))?;
+    let mut commands = String::new();
+    for line in dockerfile
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+    {
+        commands.push_str(line);
+        commands.push('\n');
+        for script in line.split_whitespace().filter(|w| w.starts_with("tools/")) {
+            let text = std::fs::read_to_string(format!("{root}/{script}"))
+                .with_context(|| format!("the Dockerfile runs {script}"))?;
+            let code = text.lines().filter(|l| !l.trim_start().starts_with('#'));
+            commands.extend(code.map(|l| format!("{l}\n")));
+        }
+    }
+    Ok(commands)
+}
+
 #[test]
 fn the_image_builds_only_the_two_product_packages_each_on_its_own() -> anyhow::Result<()> {
-    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile"))?;
-    let builds: Vec<&str> = dockerfile
+    let commands = image_build_commands()?;
+    let builds: Vec<&str> = commands
         .lines()
         .filter(|l| l.contains("cargo build") || l.contains("cargo install"))
         .collect();
@@ -119,17 +141,43 @@ fn the_sidecar_links_one_crypto_library() -> anyhow::Result<()> {
 }
 
 #[test]
-fn the_image_ships_the_sidecar_built_to_abort_on_a_panic() -> anyhow::Result<()> {
+fn the_image_ships_the_sidecar_built_to_abort_on_a_panic_and_with_its_profile() -> anyhow::Result<()>
+{
     let root = env!("CARGO_MANIFEST_DIR");
     let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile"))?;
     let build = dockerfile
         .lines()
-        .find(|l| l.contains("cargo build") && l.contains("-p bucketmap-sidecar"))
-        .context("no build of the sidecar in the Dockerfile")?;
-    assert!(build.contains("--profile dist-sidecar"), "{build}");
+        .find(|l| l.contains("tools/pgo/build.sh") && !l.trim_start().starts_with('#'))
+        .context("the Dockerfile does not build the sidecar with tools/pgo/build.sh")?;
     assert!(
-        dockerfile.contains("target/dist-sidecar/bucketmap-sidecar"),
+        build.contains("sidecar=\"$(bash tools/pgo/build.sh"),
+        "{build}"
+    );
+    assert!(
+        dockerfile.contains("cp target/dist/bucketmap \"$sidecar\" /out/"),
         "the image copies another build of the sidecar"
+    );
+    assert!(
+        !dockerfile.contains("-p bucketmap-sidecar"),
+        "the Dockerfile builds the sidecar a second way"
+    );
+    let script = std::fs::read_to_string(format!("{root}/tools/pgo/build.sh"))?;
+    let cargo = script
+        .lines()
+        .find(|l| l.contains("cargo build") && !l.trim_start().starts_with('#'))
+        .context("tools/pgo/build.sh runs no cargo build")?;
+    assert!(cargo.contains("--profile dist-sidecar"), "{cargo}");
+    assert!(cargo.contains("-p bucketmap-sidecar"), "{cargo}");
+    assert!(
+        script.contains("profile=\"$root/sidecar/pgo/sidecar.profdata\"")
+            && script.contains("-Cprofile-use=$profile"),
+        "tools/pgo/build.sh does not build with the committed profile"
+    );
+    // An indexed LLVM profile (what `llvm-profdata merge` writes).
+    let profile = std::fs::read(format!("{root}/sidecar/pgo/sidecar.profdata"))?;
+    assert!(
+        profile.starts_with(b"\xfflprofi\x81"),
+        "sidecar/pgo/sidecar.profdata is not an indexed LLVM profile"
     );
     let manifest = std::fs::read_to_string(format!("{root}/Cargo.toml"))?;
     let profile: Vec<&str> = manifest

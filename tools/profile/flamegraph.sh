@@ -29,17 +29,14 @@ if [[ ! -x "$inferno_root/bin/inferno-flamegraph" ]]; then
   cargo install --locked --quiet --version "=$inferno_version" --root "$inferno_root" inferno
 fi
 
-# The sidecar as the image ships it (the `dist-sidecar` profile), with line
-# tables so that perf can name inlined frames; in its own target directory,
-# so that the shipped build in target/ is not replaced by one with debug
-# information.
-profile_target="$repo/target/prof"
-sidecar="$profile_target/dist-sidecar/bucketmap-sidecar"
+# The sidecar as the image ships it (tools/pgo/build.sh: the `dist-sidecar`
+# profile, profile-guided), with line tables so that perf can name inlined
+# frames; in its own target directory, so that the shipped build in target/
+# is not replaced by one with debug information.
 log "building the shipped sidecar with line tables, and the bench"
 cd "$repo"
-CARGO_PROFILE_DIST_SIDECAR_DEBUG=line-tables-only \
-  cargo build --profile dist-sidecar --quiet -p bucketmap-sidecar --bin bucketmap-sidecar \
-  --target-dir "$profile_target"
+sidecar="$(CARGO_PROFILE_DIST_SIDECAR_DEBUG=line-tables-only CARGO_TARGET_DIR="$repo/target/prof" \
+  bash tools/pgo/build.sh --quiet | tail -n 1)"
 bench="$(cargo bench -p bucketmap-sidecar --bench proxy --no-run --message-format=json 2>/dev/null |
   jq -r 'select(.reason == "compiler-artifact" and .target.name == "proxy" and .executable != null) | .executable' |
   tail -n 1)"

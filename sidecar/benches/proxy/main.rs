@@ -2,8 +2,9 @@
 //! the same requests sent straight to an upstream, through a plain TCP
 //! relay (the floor), through nginx (plain, and rewriting bucket names as
 //! the sidecar does) and through the sidecar as the image ships it (built
-//! first with `cargo build --profile dist-sidecar`), in one run,
-//! every figure printed next to its ratio to direct and to nginx-rewrite.
+//! first by `tools/pgo/build.sh`: the `dist-sidecar` profile, optimised
+//! with the profile of its training run), in one run, every figure
+//! printed next to its ratio to direct and to nginx-rewrite.
 //! It is not a test: the targets (issue 12) are reported (met / MISSED),
 //! never asserted.
 //!
@@ -15,6 +16,7 @@
 //! BUCKETMAP_BENCH_SIDECAR_BIN_B=/path/to/bucketmap-sidecar cargo bench ...  # and a second one beside it
 //! NGINX_BIN=/usr/sbin/nginx cargo bench ...    # another nginx than tools/nginx/install.sh's
 //! BUCKETMAP_BENCH_PHASES=memory cargo bench ...    # some of latency,rps,streaming,memory,instructions,grpc,tls
+//! BUCKETMAP_BENCH_PHASES=train cargo bench ...     # the training run of the profile (tools/pgo/train.sh)
 //! BUCKETMAP_SIDECAR_WORKER_THREADS=2 cargo bench ...    # the sidecar on two threads
 //! BUCKETMAP_BENCH_ASLR=on cargo bench ...    # keep address randomisation (off by default: setarch -R)
 //! ```
@@ -137,6 +139,7 @@ mod procs;
 mod report;
 mod targets;
 mod tls;
+mod train;
 mod upstream;
 
 use bodies::*;
@@ -174,11 +177,12 @@ pub(crate) fn sidecar_bin() -> PathBuf {
     }
 }
 
-/// Builds the sidecar as the image ships it, `cargo build --profile
-/// dist-sidecar -p bucketmap-sidecar`, unless `BUCKETMAP_BENCH_SIDECAR_BIN`
-/// names a build: cargo's bench build unwinds on a panic, and the shipped
-/// one, which aborts, runs about 6 % fewer instructions per request
-/// (docs/BENCHMARKS.md). Its path is in [`SHIPPED`].
+/// Builds the sidecar as the image ships it (`tools/pgo/build.sh`: the
+/// `dist-sidecar` profile, optimised with the profile of its training
+/// run), unless `BUCKETMAP_BENCH_SIDECAR_BIN` names a build: cargo's bench
+/// build unwinds on a panic and has no profile, and runs about a quarter
+/// more instructions per request (docs/BENCHMARKS.md). Its path is in
+/// [`SHIPPED`].
 fn build_shipped_sidecar() -> Result<()> {
     if std::env::var_os(SIDECAR_BIN_ENV).is_some() {
         return Ok(());
@@ -187,25 +191,21 @@ fn build_shipped_sidecar() -> Result<()> {
         let _ = SHIPPED.set(PathBuf::from(built));
         return Ok(());
     }
-    eprintln!("bench: building the shipped sidecar (cargo build --profile dist-sidecar)");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
+    eprintln!("bench: building the shipped sidecar (tools/pgo/build.sh)");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the sidecar crate has no parent directory")?;
+    let mut build = Command::new("bash");
     for name in bucketmap_testkit::package_env_vars() {
         build.env_remove(name);
     }
     let out = build
-        .args([
-            "build",
-            "--profile",
-            "dist-sidecar",
-            "-p",
-            "bucketmap-sidecar",
-        ])
+        .arg(root.join("tools/pgo/build.sh"))
         .arg("--message-format=json-render-diagnostics")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
-        .context("cannot run cargo to build the shipped sidecar")?;
+        .context("cannot run tools/pgo/build.sh to build the shipped sidecar")?;
     anyhow::ensure!(out.status.success(), "building the shipped sidecar failed");
     let built = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -231,11 +231,11 @@ fn measured_builds() -> String {
     let bin = sidecar_bin();
     let main = if SHIPPED.get() == Some(&bin) {
         format!(
-            "the shipped build (`dist-sidecar` profile), `{}`",
+            "the shipped build (`dist-sidecar` profile, profile-guided), `{}`",
             bin.display()
         )
     } else if bin == Path::new(SIDECAR_BIN) {
-        "cargo's bench build (it unwinds on a panic; the image ships the `dist-sidecar` profile)"
+        "cargo's bench build (it unwinds on a panic and has no profile; the image ships tools/pgo/build.sh's)"
             .to_owned()
     } else {
         format!("`{}`", bin.display())
@@ -304,6 +304,9 @@ pub(crate) struct Settings {
     pub(crate) grpc: bool,
     pub(crate) rps: bool,
     pub(crate) tls: bool,
+    /// The training run of the profile-guided build instead of any
+    /// measurement (`train`, [`train`]).
+    pub(crate) train: bool,
 }
 
 impl Settings {
@@ -315,7 +318,8 @@ impl Settings {
         let (latency, streaming, memory) = (phase("latency"), phase("streaming"), phase("memory"));
         let (instructions, grpc) = (phase("instructions"), phase("grpc"));
         let (rps, tls) = (phase("rps"), phase("tls"));
-        if quick {
+        let train = phase("train");
+        if quick || train {
             Settings {
                 rate: 500,
                 block: Duration::from_secs(1),
@@ -337,6 +341,7 @@ impl Settings {
                 grpc,
                 rps,
                 tls,
+                train,
             }
         } else {
             Settings {
@@ -362,6 +367,7 @@ impl Settings {
                 grpc,
                 rps,
                 tls,
+                train,
             }
         }
     }
@@ -810,6 +816,22 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("bench runtime");
+    if settings.train {
+        return match runtime.block_on(train::train(&settings, dir.path())) {
+            Ok(()) => {
+                eprintln!("[train] done: every sidecar exited cleanly");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                let kept = dir.keep();
+                eprintln!(
+                    "bench: training failed: {e:#}\n(logs kept in {})",
+                    kept.display()
+                );
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     match runtime.block_on(run(settings, fake_bin, dir.path())) {
         Ok(report) => {
             println!("{}", report.render());

@@ -26,6 +26,36 @@ impl Proc {
         self.child.id()
     }
 
+    /// Stops the process with SIGTERM, as the kubelet stops a container, and
+    /// waits up to `grace` for it to exit; fails unless it exits cleanly (an
+    /// instrumented build writes its profile as it exits). It waits on the
+    /// bench's runtime, whose tasks (an HTTP/2 client answering the
+    /// sidecar's GOAWAY) must go on running meanwhile.
+    pub(crate) async fn terminate(&mut self, grace: Duration) -> Result<()> {
+        let pid = self.pid().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .context("cannot run kill")?;
+        anyhow::ensure!(sent.success(), "kill -TERM {pid} failed");
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                anyhow::ensure!(
+                    status.success(),
+                    "{} exited with {status} after SIGTERM\n{}",
+                    self.name,
+                    log_tail(&self.log, 20)
+                );
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{} did not exit within {grace:?} of SIGTERM", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub(crate) fn check_running(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!(

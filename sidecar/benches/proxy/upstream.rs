@@ -104,7 +104,39 @@ pub(crate) async fn upstream_handle(
         headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(size));
         return Ok(response);
     }
-    Ok(status_response(StatusCode::NOT_FOUND))
+    Ok(other_response(req.method(), &path))
+}
+
+/// What the upstream answers besides metadata and transfers, for the
+/// training run's mix ([`train`]): an XML listing of the bucket, or GCS's
+/// JSON error document, both naming the physical bucket as GCS would.
+fn other_response(method: &Method, path: &str) -> Response<BenchBody> {
+    if method == Method::GET && path.strip_prefix('/') == Some(PHYSICAL) {
+        let listing = format!(
+            concat!(
+                r#"<?xml version="1.0" encoding="UTF-8"?>"#,
+                r#"<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">"#,
+                "<Name>{b}</Name><Prefix>a</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>",
+                "<IsTruncated>false</IsTruncated><Contents><Key>a1</Key><Size>5</Size></Contents>",
+                "</ListBucketResult>"
+            ),
+            b = PHYSICAL
+        );
+        let mut response = Response::new(Full::new(Bytes::from(listing)).boxed());
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/xml; charset=UTF-8"),
+        );
+        return response;
+    }
+    let message = format!("No such object: {PHYSICAL}/y");
+    let mut response = json_response(
+        serde_json::json!({"error": {"code": 404, "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": "notFound"}]}})
+        .to_string(),
+    );
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
 }
 
 /// Starts the in-process upstream on its own thread and runtime: plain

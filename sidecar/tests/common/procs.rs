@@ -359,8 +359,12 @@ impl Sidecar {
     /// `/readyz` would shadow a bucket named "readyz" in the XML API).
     pub const READYZ: &'static str = "/_bucketmap/readyz";
 
-    pub fn bin() -> &'static str {
-        env!("CARGO_BIN_EXE_bucketmap-sidecar")
+    /// The binary under test: `BUCKETMAP_SIDECAR_BIN` when set (CI runs
+    /// the loopback tests against the shipped build of
+    /// `tools/pgo/build.sh` too), otherwise cargo's build of this package.
+    pub fn bin() -> std::ffi::OsString {
+        std::env::var_os("BUCKETMAP_SIDECAR_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_bucketmap-sidecar").into())
     }
 
     /// Liveness on the proxy listener.

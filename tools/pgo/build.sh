@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds bucketmap-sidecar as the image ships it: the `dist-sidecar` profile
+# (Cargo.toml), optimised with the profile of its own training run,
+# sidecar/pgo/sidecar.profdata (profile-guided optimisation: LLVM lays out
+# and inlines the code by how often each branch ran; 20 % fewer
+# instructions per proxied metadata request, docs/BENCHMARKS.md).
+#
+# Prints, as the last line of stdout, the path of the binary. Further
+# arguments go to `cargo build` (the bench adds --message-format). The
+# Dockerfile, the sidecar bench and tools/profile/flamegraph.sh build the
+# shipped sidecar with this script; tools/pgo/train.sh refreshes the profile.
+#
+# The build is for the host's target, named explicitly (--target), so that
+# the profile applies to the sidecar's code and its dependencies and not to
+# build scripts and procedural macros, and so that it has its own
+# directory, target/<host>/dist-sidecar, apart from a plain `cargo build
+# --profile dist-sidecar`. A function changed since the profile was taken
+# is compiled as if it had no profile (LLVM matches each function by a hash
+# of its control flow): a stale profile costs speed, never correctness.
+set -euo pipefail
+
+root="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)"
+profile="$root/sidecar/pgo/sidecar.profdata"
+[[ -f "$profile" ]] || { echo "pgo: missing $profile (tools/pgo/train.sh makes it)" >&2; exit 1; }
+host="$(rustc -vV | sed -n 's/^host: //p')"
+[[ -n "$host" ]] || { echo "pgo: rustc -vV names no host" >&2; exit 1; }
+
+cd "$root"
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$profile" \
+  cargo build --profile dist-sidecar --locked -p bucketmap-sidecar --bin bucketmap-sidecar \
+  --target "$host" "$@"
+printf '%s\n' "${CARGO_TARGET_DIR:-$root/target}/$host/dist-sidecar/bucketmap-sidecar"
