@@ -15,9 +15,9 @@ COPY . .
 # features and link the operator's second crypto library (aws-lc) into the
 # sidecar as well (sidecar/Cargo.toml, google-cloud-auth).
 RUN cargo build --profile dist --locked -p bucketmap \
- && sidecar="$(bash tools/pgo/build.sh | tail -n 1)" \
+ && bash tools/pgo/build.sh > /tmp/shipped-sidecar \
  && mkdir /out \
- && cp target/dist/bucketmap "$sidecar" /out/
+ && cp target/dist/bucketmap "$(tail -n 1 /tmp/shipped-sidecar)" /out/
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/bucketmap /out/bucketmap-sidecar /usr/local/bin/

@@ -149,12 +149,14 @@ fn the_image_ships_the_sidecar_built_to_abort_on_a_panic_and_with_its_profile() 
         .lines()
         .find(|l| l.contains("tools/pgo/build.sh") && !l.trim_start().starts_with('#'))
         .context("the Dockerfile does not build the sidecar with tools/pgo/build.sh")?;
+    // Its own command, not in a pipeline: /bin/sh has no pipefail, and a
+    // failed build must fail the image build.
     assert!(
-        build.contains("sidecar=\"$(bash tools/pgo/build.sh"),
+        build.contains("&& bash tools/pgo/build.sh > /tmp/shipped-sidecar"),
         "{build}"
     );
     assert!(
-        dockerfile.contains("cp target/dist/bucketmap \"$sidecar\" /out/"),
+        dockerfile.contains("cp target/dist/bucketmap \"$(tail -n 1 /tmp/shipped-sidecar)\" /out/"),
         "the image copies another build of the sidecar"
     );
     assert!(
