@@ -143,6 +143,10 @@ pub struct OperatorArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
+    /// A further argument of every injected sidecar, repeatable (for
+    /// example `--sidecar-arg=--upstream=http://gcs-emulator:4443`).
+    #[arg(long = "sidecar-arg", value_name = "ARG", allow_hyphen_values = true)]
+    sidecar_args: Vec<String>,
 }
 
 fn operator_config(args: &OperatorArgs) -> OperatorConfig {
@@ -322,6 +326,7 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+        extra_args: args.sidecar_args.clone(),
     #[derive(Parser, Debug)]
     struct Command {
         #[command(flatten)]

@@ -388,6 +388,7 @@ fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
         port: 9023,
         admin_port: 9024,
         map_name: "bucketmap".into(),
+        extra_args: Vec::new(),
     };
 
     // The same pod before injection: no sidecar, no map volume, no client env.

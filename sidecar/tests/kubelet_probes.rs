@@ -421,6 +421,7 @@ fn the_kubelet_reaches_the_probes_on_the_pod_ip_and_not_the_proxy() -> Result<()
         map_name: "bucketmap".into(),
     });
     let startup = container.startup_probe.clone().context("startupProbe")?;
+        extra_args: Vec::new(),
     let readiness = container
         .readiness_probe
         .clone()

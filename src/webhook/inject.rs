@@ -46,6 +46,9 @@ pub struct InjectionConfig {
     pub admin_port: u16,
     /// Name of the namespace's bucket map ConfigMap.
     pub map_name: String,
+    /// Further arguments of every injected sidecar (for example
+    /// `--upstream` and `--no-auth` in front of an emulator).
+    pub extra_args: Vec<String>,
 }
 
 /// Whether the pod asks for injection.
@@ -179,18 +182,20 @@ fn security_context() -> SecurityContext {
 /// only (other pods must never use this pod's credentials through it), so
 /// its port is not declared; the admin listener is on the pod IP.
 pub fn sidecar_container(cfg: &InjectionConfig) -> Container {
+    let mut args = vec![
+        format!("--listen=127.0.0.1:{}", cfg.port),
+        format!("--admin-addr=0.0.0.0:{}", cfg.admin_port),
+        format!("--mapping-dir={MAP_MOUNT_PATH}"),
+        format!("--drain-timeout={DRAIN_TIMEOUT}"),
+        "--log-format=json".to_owned(),
+    ];
+    args.extend(cfg.extra_args.iter().cloned());
     Container {
         name: SIDECAR_NAME.to_owned(),
         image: Some(cfg.sidecar_image.clone()),
         // The image carries both binaries; its entrypoint is the operator.
         command: Some(vec!["bucketmap-sidecar".to_owned()]),
-        args: Some(vec![
-            format!("--listen=127.0.0.1:{}", cfg.port),
-            format!("--admin-addr=0.0.0.0:{}", cfg.admin_port),
-            format!("--mapping-dir={MAP_MOUNT_PATH}"),
-            format!("--drain-timeout={DRAIN_TIMEOUT}"),
-            "--log-format=json".to_owned(),
-        ]),
+        args: Some(args),
         // A native sidecar: starts before the app containers, stops after.
         restart_policy: Some("Always".to_owned()),
         ports: Some(vec![ContainerPort {
@@ -346,6 +351,7 @@ mod tests {
             port: 9023,
             admin_port: 9024,
             map_name: "bucketmap".into(),
+            extra_args: Vec::new(),
         }
     }
 

@@ -5,13 +5,19 @@
 //! - [`testenv`]: a real local control plane (kube-apiserver + etcd);
 //! - [`mock_gcs`]: an in-memory `google.storage.v2` gRPC server with fault
 //!   injection;
+//! - [`node`]: a single-node cluster (control plane, kubelet, containerd)
+//!   inside a network namespace of its own;
+//! - [`images`]: the product's image and the node's images as OCI archives,
+//!   assembled without a registry or a Docker engine;
 //! - [`http`]: a small loopback HTTP client (hyper) for probes and metrics;
 //! - [`free_port`], [`repo_path`], [`shipped_finalizer_webhook`]: fixtures
 //!   shared by the test suites and the benchmark;
 //! - [`package_env_vars`]: what a nested cargo must not inherit.
 
 pub mod http;
+pub mod images;
 pub mod mock_gcs;
+pub mod node;
 pub mod testenv;
 
 use std::path::PathBuf;

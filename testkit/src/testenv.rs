@@ -472,9 +472,9 @@ fn install_script(override_path: Option<OsString>) -> PathBuf {
     }
 }
 
-/// Runs `install.sh` (progress on our stderr) and returns its answer.
-fn run_install_script(script: &Path) -> Result<PathBuf> {
-    tracing::info!(script = %script.display(), "locating or building kube-apiserver and etcd");
+/// Runs a `tools/*/install.sh` script (progress on our stderr) and returns
+/// the path it prints as its last line.
+pub(crate) fn run_tool_script(script: &Path) -> Result<PathBuf> {
     let output = std::process::Command::new("bash")
         .arg(script)
         .stdin(Stdio::null())
@@ -490,13 +490,19 @@ fn run_install_script(script: &Path) -> Result<PathBuf> {
         );
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let dir = stdout
+    stdout
         .lines()
         .rev()
         .map(str::trim)
         .find(|line| !line.is_empty())
         .map(PathBuf::from)
-        .with_context(|| format!("{} printed no directory", script.display()))?;
+        .with_context(|| format!("{} printed no path", script.display()))
+}
+
+/// Runs `install.sh` (progress on our stderr) and returns its answer.
+fn run_install_script(script: &Path) -> Result<PathBuf> {
+    tracing::info!(script = %script.display(), "locating or building kube-apiserver and etcd");
+    let dir = run_tool_script(script)?;
     let missing = missing_binaries(&dir);
     if !missing.is_empty() {
         bail!(
@@ -603,7 +609,7 @@ impl Pki {
 }
 
 /// Writes `contents` to `path` atomically with mode 0600.
-fn write_private_file(path: &Path, contents: &[u8]) -> Result<()> {
+pub(crate) fn write_private_file(path: &Path, contents: &[u8]) -> Result<()> {
     use std::io::Write as _;
 
     let parent = match path.parent() {
@@ -620,7 +626,7 @@ fn write_private_file(path: &Path, contents: &[u8]) -> Result<()> {
 }
 
 /// A child process whose output goes to a log file; killed on drop.
-struct Process {
+pub(crate) struct Process {
     name: &'static str,
     child: Child,
     log: PathBuf,
@@ -628,7 +634,12 @@ struct Process {
 
 impl Process {
     /// Starts `program args…` with stdout and stderr appended to `log`.
-    fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) -> Result<Self> {
+    pub(crate) fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Self> {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -676,19 +687,19 @@ impl Process {
     }
 
     /// The exit status if the process has already stopped.
-    fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 
     /// The whole log (lossy UTF-8); empty if unreadable.
-    fn log_contents(&self) -> String {
+    pub(crate) fn log_contents(&self) -> String {
         std::fs::read(&self.log)
             .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             .unwrap_or_default()
     }
 
     /// The last lines of the log, indented, for error messages.
-    fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let contents = self.log_contents();
         let lines: Vec<&str> = contents.lines().collect();
         let start = lines.len().saturating_sub(LOG_TAIL_LINES);
@@ -704,7 +715,7 @@ impl Process {
     }
 
     /// Error for a process that stopped during startup.
-    fn exited_error(&self, status: ExitStatus) -> anyhow::Error {
+    pub(crate) fn exited_error(&self, status: ExitStatus) -> anyhow::Error {
         anyhow!(
             "{} exited during startup ({status})\n{}",
             self.name,
@@ -1007,7 +1018,7 @@ async fn wait_for_apiserver(
 }
 
 /// One `/readyz` probe; the problem as text when not ready.
-async fn readyz(client: &kube::Client) -> std::result::Result<(), String> {
+pub(crate) async fn readyz(client: &kube::Client) -> std::result::Result<(), String> {
     let request = http::Request::get("/readyz")
         .body(Vec::new())
         .map_err(|err| format!("cannot build the /readyz request: {err}"))?;
@@ -1088,13 +1099,11 @@ fn kubeconfig_yaml(server_url: &str, ca_pem: &str, pki: &Pki) -> Result<String> 
 }
 
 /// Loads `yaml` the way kube-rs loads any kubeconfig, without proxies.
-async fn kube_config_from_yaml(yaml: &str) -> Result<kube::Config> {
+pub(crate) async fn kube_config_from_yaml(yaml: &str) -> Result<kube::Config> {
     let kubeconfig =
         Kubeconfig::from_yaml(yaml).context("cannot parse the generated kubeconfig")?;
-    let options = KubeConfigOptions {
-        context: Some(CONTEXT_NAME.to_owned()),
-        ..KubeConfigOptions::default()
-    };
+    // Its current context (every kubeconfig the test kit writes sets one).
+    let options = KubeConfigOptions::default();
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
         .context("cannot load the generated kubeconfig")?;

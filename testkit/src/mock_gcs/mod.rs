@@ -90,9 +90,27 @@ impl MockGcs {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot bind the mock GCS to {addr}"))?;
+        Self::serve(listener, handle)
+    }
+
+    /// Serves `handle`'s state on a listener the caller bound (one inside
+    /// a test node's network namespace, for instance).
+    pub fn serve_std(
+        listener: std::net::TcpListener,
+        handle: MockHandle,
+    ) -> anyhow::Result<MockGcs> {
+        listener
+            .set_nonblocking(true)
+            .context("cannot make the mock GCS's listener non-blocking")?;
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .context("cannot serve the mock GCS on the given listener")?;
+        Self::serve(listener, handle)
+    }
+
+    fn serve(listener: tokio::net::TcpListener, handle: MockHandle) -> anyhow::Result<MockGcs> {
         let addr = listener
             .local_addr()
-            .with_context(|| format!("cannot read the address the mock GCS bound for {addr}"))?;
+            .context("cannot read the address the mock GCS bound")?;
         let (stop, stopped) = oneshot::channel::<()>();
         let service = Recorded(StorageServer::new(MockService::new(handle.state.clone())));
         let control = Recorded(iam::StorageControlServer::new(iam::ControlService::new(

@@ -10,6 +10,16 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
+{{/*
+An image reference: repository:tag (tag defaults to the chart's appVersion),
+then @digest when one is given (the digest decides what runs).
+*/}}
+{{- define "bucketmap.image" -}}
+{{- $tag := .image.tag | default .chart.AppVersion -}}
+{{- printf "%s:%s" .image.repository $tag -}}
+{{- with .image.digest }}{{ printf "@%s" . }}{{ end -}}
+{{- end -}}
+
 {{/* Selector of the operator pods (fixed: names and selectors match the kustomize base). */}}
 {{- define "bucketmap.selectorLabels" -}}
 app.kubernetes.io/name: bucketmap

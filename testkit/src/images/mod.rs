@@ -1,0 +1,2 @@
+//! Images without a registry: the product image the Dockerfile describes,
+//! the pause image and the example app, as OCI archives.
