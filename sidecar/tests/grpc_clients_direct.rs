@@ -47,6 +47,10 @@ fn names() -> BTreeMap<String, String> {
 /// end a read stream before the mock logged it: reads are let through).
 fn check_calls(checks: &mut Checks, client: GrpcClient, calls: &[Call]) {
     eprintln!("{} client called: {:?}", client.name(), methods(calls));
+    // The checks below hold for every call: over no call they check nothing.
+    checks.check(!calls.is_empty(), || {
+        format!("the mock saw no call of the {} client", client.name())
+    });
     if let Some(first) = calls.first() {
         eprintln!("metadata of its first call: {:?}", first.metadata);
     }

@@ -402,7 +402,10 @@ async fn a_refused_later_stream_message_cancels_the_upstream_call() {
     // Passed on, the second message would be refused by the mock itself
     // (INVALID_ARGUMENT): the upstream call must rather have been cancelled
     // under the mock (the sidecar resets it with RST_STREAM(CANCEL), as a
-    // client cancelling a call does).
+    // client cancelling a call does). Exactly one upstream call was opened
+    // (by the first message): with none, there would be nothing to cancel
+    // and the loop below would check nothing.
+    checks.eq("upstream BidiWriteObject calls opened", writes.len(), 1);
     for call in &writes {
         checks.check(call.cancelled, || {
             format!("the upstream write was not cancelled: {call:?}")

@@ -5,23 +5,27 @@
 //! `deletionPolicy: Orphan`, some buckets given an object, with and
 //! without `forceDestroy`) are created, then deleted, while:
 //! - the operator runs as two `--leader-elect` replicas, separate
-//!   processes, and a random one is SIGKILLed at random moments and
-//!   started again (`replicas`);
+//!   processes, and at random moments one is SIGKILLed (the Lease holder
+//!   every other time) and started again (`replicas`);
 //! - the mock GCS answers random UNAVAILABLE, RESOURCE_EXHAUSTED and
 //!   DEADLINE_EXCEEDED, loses answers after committing, and adds latency
-//!   (seeded `RandomFaults`);
+//!   (seeded `RandomFaults`); one fault of each kind is scripted on the
+//!   first bucket creates, so that every kind happens in every run;
 //! - the kube-apiserver is restarted once (etcd kept) while the resources
 //!   are converging.
 //!
 //! Foreign buckets sit in the same projects. Three checkpoints
 //! (`check`): all Ready; deletes done (the non-empty buckets without
 //! forceDestroy block their resource with `DeletionBlocked`); and, after
-//! those buckets are emptied, the end. Every violation is printed; any
-//! fails the run. The seed is printed always: `--seed` repeats the plan,
+//! those buckets are emptied, the end. Then whether the planned kills,
+//! leader kills and faults happened (`disruptions`): a run spared them
+//! proves nothing. Every violation is printed; any fails the run, and
+//! what was verified is printed too. The seed is printed always: `--seed` repeats the plan,
 //! the kill moments and the fault draws (the interleaving of concurrent
 //! calls still varies).
 
 mod check;
+mod disruptions;
 mod observe;
 mod plan;
 mod replicas;
@@ -32,7 +36,7 @@ use std::time::{Duration, Instant};
 use kube::CustomResourceExt as _;
 
 use bucketmap::crd::Gcs;
-use bucketmap_testkit::mock_gcs::{FaultCounts, MockGcs, MockHandle, RandomFaults, proto};
+use bucketmap_testkit::mock_gcs::{Fault, FaultCounts, MockGcs, MockHandle, RandomFaults, proto};
 use bucketmap_testkit::testenv::{self, TestEnv};
 
 use check::{Planned, Tally, Violation};
@@ -139,7 +143,10 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
     let foreign = foreign_buckets(&world.gcs(), &projects, &mut rng)?;
     let plan = plan::plan(&mut rng, args.resources, &world.namespaces, &projects);
     print_plan(args, &plan);
-    let (replicas, log_dir) = start_replicas(args, &world, &mut rng).await?;
+    let (replicas, log_dir, kill_plan) = start_replicas(args, &world, &mut rng).await?;
+    for fault in scripted_faults() {
+        world.gcs().add_fault(fault);
+    }
     world
         .gcs()
         .set_random_faults(Some(random_faults(args, rng.u64(..))));
@@ -154,7 +161,17 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
     print_figures(args, &figures);
     world.mock.shutdown().await;
     drop(world.env);
-    let violations = outcome?;
+    let mut violations = outcome?;
+    let (missed, verified) = disruptions::check(
+        &kills(&kill_plan, &figures.replicas),
+        &fault_kinds(&figures.faults, &calls),
+    );
+    violations.extend(at("disruptions", missed));
+    println!("\n## disruptions verified");
+    println!("- kube-apiserver restarted once (etcd kept) while the resources converged");
+    for line in &verified {
+        println!("- {line}");
+    }
     if !violations.is_empty() {
         println!("\n## FAILED: {} violation(s)", violations.len());
         for v in &violations {
@@ -230,11 +247,70 @@ fn random_faults(args: &ChaosArgs, seed: u64) -> RandomFaults {
         .latency(Duration::ZERO..=args.max_latency)
 }
 
+/// One fault of each kind random mode injects, on the first bucket creates
+/// (explicit faults are matched before random ones): each kind happens in
+/// every run, whatever the draws, and a lost create answer is among them.
+fn scripted_faults() -> Vec<Fault> {
+    use tonic::Code;
+    vec![
+        Fault::new("CreateBucket", Code::Unavailable).times(1),
+        Fault::new("CreateBucket", Code::ResourceExhausted).times(1),
+        Fault::new("CreateBucket", Code::DeadlineExceeded).times(1),
+        Fault::new("CreateBucket", Code::Unavailable)
+            .after_write()
+            .times(1),
+    ]
+}
+
+/// The kills planned and done, for [`disruptions::check`].
+fn kills(plan: &KillPlan, done: &ReplicaCounts) -> disruptions::Kills {
+    disruptions::Kills {
+        planned: plan.kills,
+        planned_leader: plan.leader_kills(),
+        done: done.kills,
+        done_leader: done.leader_kills,
+        failed: done.failed_kills,
+    }
+}
+
+/// Each kind of fault: scripted by [`scripted_faults`], counted by random
+/// mode, and answered in the call log (a lost answer is an UNAVAILABLE).
+fn fault_kinds(
+    random: &FaultCounts,
+    calls: &[bucketmap_testkit::mock_gcs::Call],
+) -> Vec<disruptions::FaultKind> {
+    use tonic::Code;
+    let scripted = scripted_faults();
+    let kind = |code: Code, name: &'static str, random: u64| disruptions::FaultKind {
+        code: name,
+        scripted: scripted.iter().filter(|f| f.code == code).count() as u64,
+        random,
+        answered: calls.iter().filter(|c| c.code == code).count() as u64,
+    };
+    vec![
+        kind(
+            Code::Unavailable,
+            "UNAVAILABLE",
+            random.unavailable + random.lost_responses,
+        ),
+        kind(
+            Code::ResourceExhausted,
+            "RESOURCE_EXHAUSTED",
+            random.resource_exhausted,
+        ),
+        kind(
+            Code::DeadlineExceeded,
+            "DEADLINE_EXCEEDED",
+            random.deadline_exceeded,
+        ),
+    ]
+}
+
 async fn start_replicas(
     args: &ChaosArgs,
     world: &Run,
     rng: &mut fastrand::Rng,
-) -> anyhow::Result<(Replicas, std::path::PathBuf)> {
+) -> anyhow::Result<(Replicas, std::path::PathBuf, KillPlan)> {
     let log_dir = std::env::temp_dir().join(format!("bucketmap-chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", log_dir.display()))?;
@@ -256,7 +332,8 @@ async fn start_replicas(
         spec.log_dir.display()
     );
     let log_dir = spec.log_dir.clone();
-    Ok((Replicas::start(spec, plan, world.client.clone()), log_dir))
+    let replicas = Replicas::start(spec, plan.clone(), world.client.clone());
+    Ok((replicas, log_dir, plan))
 }
 
 /// The three checkpoints; a checkpoint not reached in time is a violation
@@ -445,8 +522,8 @@ fn print_figures(args: &ChaosArgs, f: &Figures) {
 ## figures"
     );
     println!(
-        "- operator: 2 replicas (--leader-elect); SIGKILLs {} ({} of the Lease holder); other exits (restarted) {}; processes started {}",
-        r.kills, r.leader_kills, r.exits, r.starts
+        "- operator: 2 replicas (--leader-elect); SIGKILLs {} ({} of the Lease holder, {} failed); other exits (restarted) {}; processes started {}",
+        r.kills, r.leader_kills, r.failed_kills, r.exits, r.starts
     );
     println!(
         "- kube-apiserver restarts: 1 (etcd kept), back in {:.1} s",

@@ -1,7 +1,8 @@
 //! Two `bucketmap operator --leader-elect` processes, supervised like the
 //! pods of a Deployment: one that exits (e.g. after losing its Lease while
 //! the API server is away) is started again a second later, and at random
-//! moments a random replica is killed with SIGKILL and started again.
+//! moments a replica is killed with SIGKILL and started again: the Lease
+//! holder at every other kill (the first included), a random one otherwise.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -37,6 +38,18 @@ pub struct KillPlan {
     pub seed: u64,
 }
 
+impl KillPlan {
+    /// Kills planned to hit the Lease holder: every other one, the first
+    /// included (such a kill waits until a running replica holds the Lease).
+    pub fn leader_kills(&self) -> u32 {
+        self.kills.div_ceil(2)
+    }
+
+    fn targets_leader(kill: u32) -> bool {
+        kill.is_multiple_of(2)
+    }
+}
+
 /// What happened to the replicas.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ReplicaCounts {
@@ -44,6 +57,9 @@ pub struct ReplicaCounts {
     pub kills: u32,
     /// Of which to the Lease holder.
     pub leader_kills: u32,
+    /// SIGKILLs that failed (the replica had exited already, or the
+    /// signal could not be sent): not counted in `kills`.
+    pub failed_kills: u32,
     /// Exits nobody caused (lost Lease, API server away), each restarted.
     pub exits: u32,
     /// Processes started, first ones included.
@@ -106,14 +122,38 @@ impl Supervisor {
             }
             self.restart_exited();
             if kills < plan.kills && Instant::now() >= next_kill {
-                let victim = self.rng.usize(..REPLICAS);
+                // A leader kill waits (a tick at a time) for a running
+                // replica to hold the Lease.
+                let Some(victim) = self.victim(KillPlan::targets_leader(kills)).await else {
+                    continue;
+                };
                 kills += u32::from(self.kill(victim).await);
                 next_kill = Instant::now() + self.pause(&plan);
             }
         }
-        for child in self.children.iter_mut().flatten() {
-            let _ = child.kill().await;
+        for (slot, child) in self.children.iter_mut().enumerate() {
+            if let Some(child) = child
+                && let Err(e) = child.kill().await
+            {
+                tracing::warn!(replica = slot, error = %e, "cannot stop an operator replica");
+            }
         }
+    }
+
+    /// The replica to kill: the one holding the Lease when `leader` (none
+    /// while no running replica holds it), else a random one.
+    async fn victim(&mut self, leader: bool) -> Option<usize> {
+        if !leader {
+            return Some(self.rng.usize(..REPLICAS));
+        }
+        for (slot, child) in self.children.iter().enumerate() {
+            if let Some(pid) = child.as_ref().and_then(Child::id)
+                && self.holds_lease(pid).await
+            {
+                return Some(slot);
+            }
+        }
+        None
     }
 
     fn pause(&mut self, plan: &KillPlan) -> Duration {
@@ -159,7 +199,15 @@ impl Supervisor {
             None => false,
         };
         // tokio's kill is SIGKILL on Unix: no shutdown, no Lease release.
-        let _ = child.kill().await;
+        // It fails when the process had exited already: that kill did not
+        // happen, and the run must not count it.
+        if let Err(e) = child.kill().await {
+            tracing::warn!(replica = slot, error = %e, "a SIGKILL of an operator replica failed");
+            self.count(|c| c.failed_kills += 1);
+            self.respawn_at[slot] = Instant::now();
+            self.restart_exited();
+            return false;
+        }
         tracing::info!(
             replica = slot,
             leader,
