@@ -9,6 +9,7 @@ mod chaos;
 mod crd;
 mod demo;
 mod dev;
+mod grpc_schema;
 
 use std::net::SocketAddr;
 
@@ -54,6 +55,9 @@ enum Command {
     /// Write the CRD generated from the Rust types to deploy/crd.yaml and the
     /// Helm chart's crds/ (or, with --check, fail if either is stale).
     Crd(crd::CrdArgs),
+    /// Write the sidecar's gRPC bucket-name table (sidecar/src/grpc/schema.rs)
+    /// derived from the vendored protos (after tools/grpc/fetch.sh).
+    GrpcSchema,
 }
 
 #[tokio::main]
@@ -67,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Bench(args)) => bench::bench(args).await,
         Some(Command::Chaos(args)) => chaos::chaos(args).await,
         Some(Command::Crd(args)) => crd::run(&args),
+        Some(Command::GrpcSchema) => grpc_schema::run(),
         Some(Command::Operator(args)) => bucketmap::cli::run(*args).await,
         Some(Command::MockGcs { listen }) => {
             let mock = bucketmap_testkit::mock_gcs::MockGcs::start_on(listen).await?;

@@ -9,15 +9,20 @@
 //!   inside a network namespace of its own;
 //! - [`images`]: the product's image and the node's images as OCI archives,
 //!   assembled without a registry or a Docker engine;
+//! - [`grpc_schema`]: the sidecar's gRPC bucket-name table, derived from
+//!   the vendored protos;
 //! - [`http`]: a small loopback HTTP client (hyper) for probes and metrics;
+//! - [`switches`]: the environment switches of the tests, refused in CI;
 //! - [`free_port`], [`repo_path`], [`shipped_finalizer_webhook`]: fixtures
 //!   shared by the test suites and the benchmark;
 //! - [`package_env_vars`]: what a nested cargo must not inherit.
 
+pub mod grpc_schema;
 pub mod http;
 pub mod images;
 pub mod mock_gcs;
 pub mod node;
+pub mod switches;
 pub mod testenv;
 
 use std::path::PathBuf;

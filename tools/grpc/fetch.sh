@@ -7,7 +7,7 @@
 # Usage: bash tools/grpc/fetch.sh
 # Writes sidecar/proto/ (the import closure of the two service files) and
 # records the versions in sidecar/proto/README.md. Then regenerate the table:
-#   BUCKETMAP_REGENERATE=1 cargo test -p bucketmap-sidecar --test grpc_schema
+#   cargo dev grpc-schema
 # and review the diff of sidecar/src/grpc/schema.rs; an RPC added upstream
 # fails `every_rpc_is_classified` until it is classified in
 # sidecar/src/grpc/policy.rs.
