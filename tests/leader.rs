@@ -98,9 +98,11 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() -> TestResult {
     let new_holder = holder(&f).await?.unwrap_or_default();
     assert_ne!(new_holder, leader, "the lease moved to the standby");
     assert!(metric(standby_port, "bucketmap_reconciles_total").await? >= 1.0);
-    // Lease of 4 s: takeover within a lease duration, plus reconcile time.
+    // Lease of 4 s: the standby takes over once it expires, unprompted.
+    // The bound says that it happens, not how fast: generous by an order
+    // of magnitude over the lease, plus reconcile time on a loaded machine.
     assert!(
-        killed_at.elapsed() < Duration::from_secs(20),
+        killed_at.elapsed() < Duration::from_secs(60),
         "takeover took {:?}",
         killed_at.elapsed()
     );

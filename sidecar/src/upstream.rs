@@ -685,9 +685,15 @@ mod tests {
         let client = upstream.client(UpstreamHttp::Http1, Duration::from_secs(90));
         for i in 0..5 {
             get(&client, upstream.uri(&format!("/{i}"))).await;
-            // Let the client see the close (a request racing the close is
-            // retried only when hyper has not written it: not this test).
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Wait until the client saw the close (a request racing the
+            // close is retried only when hyper has not written it: not this
+            // test).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while lock(&client.idle).iter().any(|idle| idle.sender.is_ready())
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         assert_eq!(upstream.connections(), 5);
         assert!(
@@ -716,8 +722,12 @@ mod tests {
         let client = upstream.client(UpstreamHttp::Http1, Duration::from_millis(50));
         get(&client, upstream.uri("/a")).await;
         assert_eq!(upstream.ended.load(Ordering::SeqCst), 0);
-        // The closing task looks every second at the shortest.
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        // The closing task looks every second at the shortest: wait until
+        // the upstream saw the close.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while upstream.ended.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert!(lock(&client.idle).is_empty());
         assert_eq!(
             upstream.ended.load(Ordering::SeqCst),

@@ -2,7 +2,7 @@
 //! requests in flight, the watched mapping directory, graceful drain.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::SinkExt;
@@ -232,12 +232,18 @@ async fn shutdown_drains_requests_in_flight() {
         .expect("send");
     upstream.wait_for_a_request().await;
     let _ = sidecar.stop.send(true);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // No new connections once draining.
-    assert!(
-        tokio::net::TcpStream::connect(sidecar.addr).await.is_err(),
-        "the listener is closed"
-    );
+    // No new connections once draining: wait (a deadline at most) until a
+    // connection is refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        match tokio::net::TcpStream::connect(sidecar.addr).await {
+            Err(_) => break true,
+            Ok(accepted) if Instant::now() < deadline => drop(accepted),
+            Ok(_) => break false,
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(refused, "the listener is closed");
     tx.send(Ok(Frame::data(Bytes::from_static(b"part two"))))
         .await
         .expect("send");

@@ -597,21 +597,26 @@ async fn latency_delays_the_chosen_method() -> anyhow::Result<()> {
     let handle = mock.handle();
     let client = client(&mock).await?;
     create(&client, STAGING, "photos-k3x9q2mw").await?;
-    handle.set_latency(Some("GetBucket".into()), Duration::from_millis(300));
+    // The latency is the behaviour under test, so the calls are timed: the
+    // delay is an order of magnitude above what an undelayed call takes on
+    // a loaded machine, so the bound on the other method cannot fail by
+    // chance.
+    let latency = Duration::from_secs(3);
+    handle.set_latency(Some("GetBucket".into()), latency);
     let started = Instant::now();
     client
         .get_bucket()
         .set_name(name("photos-k3x9q2mw"))
         .send()
         .await?;
-    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(started.elapsed() >= latency);
     let started = Instant::now();
     client
         .list_buckets()
         .set_parent(format!("projects/{STAGING}"))
         .send()
         .await?;
-    assert!(started.elapsed() < Duration::from_millis(300));
+    assert!(started.elapsed() < latency, "{:?}", started.elapsed());
     Ok(())
 }
 
@@ -621,7 +626,9 @@ async fn a_slow_call_completes_although_the_client_gave_up() -> anyhow::Result<(
     let mock = MockGcs::start().await?;
     let handle = mock.handle();
     let client = client(&mock).await?;
-    handle.set_latency(Some("CreateBucket".into()), Duration::from_millis(400));
+    // Long enough that the bucket cannot exist yet when the client's
+    // attempt has timed out, however loaded the machine.
+    handle.set_latency(Some("CreateBucket".into()), Duration::from_secs(4));
     let result = client
         .create_bucket()
         .set_parent(format!("projects/{STAGING}"))
@@ -632,7 +639,11 @@ async fn a_slow_call_completes_although_the_client_gave_up() -> anyhow::Result<(
     let err = result.expect_err("the attempt times out");
     assert!(err.is_timeout(), "{err:?}");
     assert!(handle.bucket("photos-k3x9q2mw").is_none(), "not yet");
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The mock finishes the call on its own: wait for the bucket.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handle.bucket("photos-k3x9q2mw").is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(handle.bucket("photos-k3x9q2mw").is_some());
     assert_eq!(handle.calls().len(), 1);
     Ok(())
