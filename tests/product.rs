@@ -193,3 +193,73 @@ fn the_image_ships_the_sidecar_built_to_abort_on_a_panic_and_with_its_profile() 
     assert!(profile.contains(&"panic = \"abort\""), "{profile:?}");
     Ok(())
 }
+
+/// The image the node tests run is assembled without Docker
+/// (`bucketmap_testkit::images`): it must be the image the Dockerfile
+/// describes. The final stage is read here line by line, on its own, and
+/// compared with what the assembler builds, copies and configures.
+#[test]
+fn the_assembled_image_is_the_one_the_dockerfile_describes() -> anyhow::Result<()> {
+    use bucketmap_testkit::images::{dockerfile::FinalStage, product};
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile"))?;
+    let code: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    let last_from = code
+        .iter()
+        .rposition(|l| l.starts_with("FROM "))
+        .context("no FROM")?;
+    let stage = &code[last_from..];
+    let value = |keyword: &str| -> Vec<&str> {
+        stage
+            .iter()
+            .filter_map(|l| l.strip_prefix(keyword))
+            .map(str::trim)
+            .collect()
+    };
+    assert_eq!(value("FROM "), [product::DISTROLESS_BASE]);
+    for build in [
+        product::OPERATOR_BUILD.join(" "),
+        product::SIDECAR_BUILD.join(" "),
+    ] {
+        assert!(
+            code.iter().any(|l| l.contains(&build)),
+            "the Dockerfile no longer runs {build}"
+        );
+    }
+
+    let assembled = FinalStage::of_repository()?;
+    let config = product::product_run_config(&assembled);
+    assert_eq!(value("USER "), [config.user.as_str()]);
+    let entrypoint: Vec<String> = serde_json::from_str(value("ENTRYPOINT ").concat().as_str())?;
+    assert_eq!(entrypoint, config.entrypoint);
+    let env = value("ENV ");
+    assert!(!env.is_empty(), "the final stage sets no ENV");
+    assert_eq!(
+        config.env[config.env.len() - env.len()..],
+        env,
+        "{config:?}"
+    );
+
+    let [copy] = value("COPY ")[..] else {
+        panic!("expected one COPY in the final stage: {stage:?}")
+    };
+    let words: Vec<&str> = copy
+        .split_whitespace()
+        .filter(|w| !w.starts_with("--"))
+        .collect();
+    let (dest, sources) = words.split_last().context("COPY without a destination")?;
+    let expected: BTreeSet<(String, String)> = sources
+        .iter()
+        .map(|s| {
+            let name = s.rsplit('/').next().unwrap_or(s);
+            (name.to_owned(), format!("{dest}{name}"))
+        })
+        .collect();
+    let destinations = product::binary_destinations(&assembled)?;
+    assert_eq!(destinations.into_iter().collect::<BTreeSet<_>>(), expected);
+    assert_eq!(expected.len(), 2, "{expected:?}");
+    Ok(())
+}
