@@ -303,6 +303,7 @@ async fn start_webhook(
         port: args.sidecar_port,
         admin_port: args.sidecar_admin_port,
         map_name: args.map_name.clone(),
+        extra_args: args.sidecar_args.clone(),
     };
     let watched = args.namespace.clone();
     tokio::spawn(async move {
@@ -326,7 +327,6 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-        extra_args: args.sidecar_args.clone(),
     #[derive(Parser, Debug)]
     struct Command {
         #[command(flatten)]

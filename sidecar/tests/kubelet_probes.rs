@@ -421,9 +421,9 @@ fn the_kubelet_reaches_the_probes_on_the_pod_ip_and_not_the_proxy() -> Result<()
         port: 9023,
         admin_port: 9024,
         map_name: "bucketmap".into(),
+        extra_args: Vec::new(),
     });
     let startup = container.startup_probe.clone().context("startupProbe")?;
-        extra_args: Vec::new(),
     let readiness = container
         .readiness_probe
         .clone()
