@@ -270,6 +270,35 @@ fn run_unpacked(layers: &[BTreeMap<String, Read>], dir: &Path) -> anyhow::Result
     Ok(())
 }
 
+#[test]
+fn images_dockerfile_final_stage_is_read_with_continuations_and_both_env_forms()
+-> anyhow::Result<()> {
+    let text = "FROM rust AS build\nUSER 1\nENV BUILD=1\n\
+                # FROM a comment\n\
+                FROM gcr.io/distroless/cc-debian12:nonroot\n\
+                COPY --from=build /out/a \\\n  /out/b /usr/local/bin/\n\
+                ENV A=1 B=\"two\"\nENV C three\nUSER 65532:65532\n\
+                ENTRYPOINT [\"/usr/local/bin/a\", \"run\"]\n";
+    let stage = dockerfile::FinalStage::parse(text)?;
+    assert_eq!(stage.base, "gcr.io/distroless/cc-debian12:nonroot");
+    let sources = vec!["/out/a".to_owned(), "/out/b".to_owned()];
+    assert_eq!(stage.copies, [(sources, "/usr/local/bin/".to_owned())]);
+    assert_eq!(stage.env, ["A=1", "B=two", "C=three"]);
+    assert_eq!(stage.user, "65532:65532");
+    assert_eq!(stage.entrypoint, ["/usr/local/bin/a", "run"]);
+    let destinations = product::binary_destinations(&stage)?;
+    assert_eq!(
+        destinations[1],
+        ("b".to_owned(), "/usr/local/bin/b".to_owned())
+    );
+    let shell_form = text.replace("[\"/usr/local/bin/a\", \"run\"]", "/usr/local/bin/a run");
+    assert!(
+        dockerfile::FinalStage::parse(&shell_form).is_err(),
+        "a shell-form ENTRYPOINT"
+    );
+    Ok(())
+}
+
 /// A containerd of its own (root, state and socket in a temporary
 /// directory, without the CRI plugin), stopped when dropped.
 struct Containerd {
