@@ -41,6 +41,14 @@ impl GcsArgs {
 pub struct OperatorArgs {
     #[command(flatten)]
     gcs: GcsArgs,
+    /// This cluster's identity, recorded on every bucket with the resource's
+    /// namespace and name: a cluster given the same identity (a restore, a
+    /// rebuild, a blue/green successor) finds the same buckets. A GCS label
+    /// value: 1 to 63 lowercase letters, digits, '-' or '_', starting with a
+    /// letter. Default: the one stored in the ConfigMap bucketmap-cluster-id
+    /// of the operator's namespace, created with a random one if absent.
+    #[arg(long, env = "BUCKETMAP_CLUSTER_ID", value_parser = crate::naming::validate_cluster_id)]
+    cluster_id: Option<String>,
     /// Project for resources whose spec and namespace name none.
     #[arg(long, env = "BUCKETMAP_DEFAULT_PROJECT")]
     default_project: Option<String>,
@@ -93,7 +101,8 @@ pub struct OperatorArgs {
     /// Run as one of several replicas: only the holder of a Lease reconciles.
     #[arg(long)]
     leader_elect: bool,
-    /// Namespace of the leader election Lease.
+    /// The operator's namespace: of the leader election Lease, the webhook's
+    /// Secret and the cluster identity's ConfigMap.
     #[arg(long, env = "POD_NAMESPACE", default_value = "bucketmap-system")]
     leader_election_namespace: String,
     /// Name of the leader election Lease.
@@ -149,8 +158,9 @@ pub struct OperatorArgs {
     sidecar_args: Vec<String>,
 }
 
-fn operator_config(args: &OperatorArgs) -> OperatorConfig {
+fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
     OperatorConfig {
+        cluster_id,
         default_project: args.default_project.clone(),
         resync: args.resync,
         max_name_attempts: args.max_name_attempts.max(1),
@@ -202,7 +212,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         health.clone(),
         shutdown_signal(),
     ));
-    let config = operator_config(&args);
+    let config = operator_config(&args, cluster_identity(&args, &client).await?);
     if let Some(addr) = args.webhook_addr {
         start_webhook(&args, &client, addr).await?;
     }
@@ -247,6 +257,19 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     health.set_ready(false);
     server.abort();
     result
+}
+
+/// The cluster identity (given, or stored in the operator's namespace),
+/// logged: docs/RECOVERY.md tells users to keep it.
+async fn cluster_identity(args: &OperatorArgs, client: &kube::Client) -> anyhow::Result<String> {
+    let (cluster_id, source) = crate::cluster_id::resolve(
+        client,
+        args.cluster_id.as_deref(),
+        &args.leader_election_namespace,
+    )
+    .await?;
+    tracing::info!(cluster_id, source = source.as_str(), "cluster identity");
+    Ok(cluster_id)
 }
 
 /// The Lease this replica competes for (`--leader-elect`).
@@ -335,7 +358,7 @@ mod tests {
 
     fn parse(flags: &[&str]) -> Result<OperatorConfig, clap::Error> {
         let argv = std::iter::once("bucketmap").chain(flags.iter().copied());
-        Command::try_parse_from(argv).map(|c| operator_config(&c.args))
+        Command::try_parse_from(argv).map(|c| operator_config(&c.args, "test".into()))
     }
 
     #[test]
@@ -372,5 +395,20 @@ mod tests {
             .expect_err("a project id is no project number")
             .to_string();
         assert!(message.contains("not a project number"), "{message}");
+    }
+
+    #[test]
+    fn a_cluster_id_that_is_no_label_value_is_refused_at_start() {
+        let given = Command::try_parse_from(["bucketmap", "--cluster-id", "prod-eu"])
+            .expect("a valid cluster id parses");
+        assert_eq!(given.args.cluster_id.as_deref(), Some("prod-eu"));
+        let none = Command::try_parse_from(["bucketmap"]).expect("no flags parse");
+        assert_eq!(none.args.cluster_id, None);
+        for bad in ["Prod", "9prod", "prod.eu"] {
+            let message = Command::try_parse_from(["bucketmap", "--cluster-id", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(message.contains("label value"), "{message}");
+        }
     }
 }

@@ -8,6 +8,10 @@ pub const READY: &str = "Ready";
 /// Condition type saying whether every grant of `spec.access` is in place.
 pub const ACCESS: &str = "Access";
 
+/// Condition type present on a resource that adopted an existing bucket:
+/// when, and every setting the adoption changed.
+pub const ADOPTED: &str = "Adopted";
+
 /// Reasons of the `Ready` and `Access` conditions.
 pub mod reason {
     /// The bucket exists, is ours and matches the spec.
@@ -40,6 +44,13 @@ pub mod reason {
     pub const BINDING_NOT_OWNED: &str = "BindingNotOwned";
     /// The bucket at the recorded name is not ours.
     pub const NOT_OWNED: &str = "NotOwned";
+    /// `spec.adopt.bucket` names a bucket that belongs to somebody else,
+    /// or one outside the resource's project.
+    pub const ADOPTION_REFUSED: &str = "AdoptionRefused";
+    /// `spec.adopt.bucket` names a bucket that does not exist.
+    pub const BUCKET_NOT_FOUND: &str = "BucketNotFound";
+    /// `Adopted`: the bucket was taken under management.
+    pub const ADOPTED: &str = "Adopted";
     /// `Access`: every grant of `spec.access` is in the bucket's policy.
     pub const ACCESS_GRANTED: &str = "AccessGranted";
     /// `Access`: a grant is refused (tenant rules, no identity).

@@ -54,7 +54,10 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(oldSelf.spec.projectID) || (has(self.spec.projectID) && self.spec.projectID == oldSelf.spec.projectID)")
         .message("spec.projectID is immutable once set: GCS cannot move a bucket to another project; create a new Gcs resource instead")
-        .field_path(".spec.projectID")
+        .field_path(".spec.projectID"),
+    validation = Rule::new("has(self.spec.adopt) == has(oldSelf.spec.adopt) && (!has(self.spec.adopt) || self.spec.adopt.bucket == oldSelf.spec.adopt.bucket)")
+        .message("spec.adopt is immutable: it is set when the Gcs is created and never changed, added or removed; to adopt another bucket, create a new Gcs resource (deletionPolicy Orphan or Abandon keeps the current bucket)")
+        .field_path(".spec.adopt")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GcsSpec {
@@ -130,14 +133,22 @@ pub struct GcsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soft_delete_policy: Option<SoftDeletePolicy>,
 
-    /// What happens to the bucket when this resource is deleted.
-    #[serde(default)]
-    pub deletion_policy: DeletionPolicy,
+    /// What happens to the bucket when this resource is deleted (see
+    /// [`DeletionPolicy`]; the schema shows the type's description).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
 
     /// On deletion, delete every object version first. Without it a
     /// non-empty bucket is kept and the deletion waits.
     #[serde(default)]
     pub force_destroy: bool,
+
+    /// Take an existing bucket under management instead of creating one.
+    /// Set at creation only. The bucket must be in the resource's project and
+    /// be unowned (or already owned by this cluster identity, namespace and
+    /// name); its settings are then made as declared, every change reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<Adopt>,
 
     /// Who may use the bucket: IAM roles on the bucket for ServiceAccounts of
     /// this namespace (through GKE Workload Identity) or for IAM principals
@@ -146,6 +157,27 @@ pub struct GcsSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub access: Vec<AccessGrant>,
+}
+
+/// An existing bucket to adopt.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Adopt {
+    /// The physical name of the bucket (`gcloud storage buckets list`).
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]$')").message("adopt.bucket must be the name of an existing GCS bucket: 3 to 63 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit (dotted names are not supported)"))]
+    pub bucket: String,
+}
+
+impl GcsSpec {
+    /// What happens to the bucket when the resource is deleted: as declared,
+    /// else `Orphan` for an adopted bucket and `Delete` for a created one.
+    pub fn effective_deletion_policy(&self) -> DeletionPolicy {
+        self.deletion_policy.unwrap_or(if self.adopt.is_some() {
+            DeletionPolicy::Orphan
+        } else {
+            DeletionPolicy::Delete
+        })
+    }
 }
 
 /// One grant: a role on the bucket for a ServiceAccount of the resource's
@@ -237,15 +269,23 @@ impl PublicAccessPrevention {
     }
 }
 
-/// What to do with the bucket when the `Gcs` resource is deleted.
+/// What happens to the bucket when this resource is deleted: `Delete`
+/// (the default for a bucket bucketmap created), `Orphan` (keep it with its
+/// ownership labels, so that a Gcs of the same cluster identity, namespace
+/// and name finds it again; the default for an adopted bucket) or `Abandon`
+/// (keep it and remove bucketmap's labels: nobody's any more, free to be
+/// adopted elsewhere).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeletionPolicy {
-    /// Delete the bucket (only if the operator created it, and only if it is
-    /// empty unless `forceDestroy` is set).
+    /// Delete the bucket (only if it carries this cluster's ownership, and
+    /// only if it is empty unless `forceDestroy` is set).
     #[default]
     Delete,
-    /// Leave the bucket in place.
+    /// Leave the bucket in place, still labelled as this cluster's: a
+    /// re-created resource finds it again.
     Orphan,
+    /// Leave the bucket in place and remove bucketmap's labels from it.
+    Abandon,
 }
 
 /// Minimum retention of objects.
@@ -444,9 +484,24 @@ mod tests {
             spec.public_access_prevention,
             PublicAccessPrevention::Enforced
         );
-        assert_eq!(spec.deletion_policy, DeletionPolicy::Delete);
+        assert_eq!(spec.deletion_policy, None);
+        assert_eq!(spec.effective_deletion_policy(), DeletionPolicy::Delete);
         assert!(!spec.force_destroy);
         assert!(!spec.versioning);
+    }
+
+    #[test]
+    fn an_adopted_bucket_is_kept_unless_the_spec_says_otherwise() {
+        let adopted: GcsSpec = serde_json::from_value(
+            serde_json::json!({"bucketName": "photos", "adopt": {"bucket": "legacy-photos"}}),
+        )
+        .expect("adopting spec parses");
+        assert_eq!(adopted.effective_deletion_policy(), DeletionPolicy::Orphan);
+        let deleting = GcsSpec {
+            deletion_policy: Some(DeletionPolicy::Delete),
+            ..adopted
+        };
+        assert_eq!(deleting.effective_deletion_policy(), DeletionPolicy::Delete);
     }
 
     #[test]

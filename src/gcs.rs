@@ -180,6 +180,27 @@ impl GcsClient {
         }
     }
 
+    /// Whether bucket `bucket` lives in project `project` (a project id or
+    /// number). GCS reports a bucket's project as a number, which a project
+    /// id cannot be compared with; listing the project's buckets by the
+    /// name as a prefix answers for either.
+    pub async fn bucket_in_project(&self, project: &str, bucket: &str) -> GcsResult<bool> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .list_buckets()
+            .set_parent(format!("projects/{project}"))
+            .set_prefix(bucket)
+            .set_page_size(10)
+            .send()
+            .await;
+        let page = self.record("ListBuckets", bucket, started, result)?;
+        Ok(page
+            .buckets
+            .iter()
+            .any(|b| b.bucket_id == bucket || b.name == bucket_resource(bucket)))
+    }
+
     /// Creates `bucket` in `project`.
     pub async fn create_bucket(
         &self,

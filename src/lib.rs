@@ -17,6 +17,7 @@
 
 pub mod bucket_map;
 pub mod cli;
+pub mod cluster_id;
 pub mod conditions;
 pub mod controller;
 pub mod crd;

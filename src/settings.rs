@@ -11,7 +11,8 @@ use google_cloud_storage::model::bucket::{self, lifecycle, lifecycle::rule};
 use crate::crd::{
     GcsSpec, LifecycleAction, LifecycleActionType, LifecycleCondition, LifecycleRule, StorageClass,
 };
-use crate::naming::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_LABEL};
+#[cfg(test)]
+use crate::naming::OWNER_LABEL;
 
 /// Normalized mutable settings of a bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,11 +73,11 @@ impl Field {
 }
 
 impl Settings {
-    /// What the spec asks for, with the ownership labels added.
-    pub fn desired(spec: &GcsSpec, owner: &str) -> Self {
+    /// What the spec asks for, with the ownership labels
+    /// ([`crate::naming::Identity::labels`]) added.
+    pub fn desired(spec: &GcsSpec, ownership_labels: &BTreeMap<String, String>) -> Self {
         let mut labels = spec.labels.clone();
-        labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
-        labels.insert(OWNER_LABEL.to_owned(), owner.to_owned());
+        labels.extend(ownership_labels.clone());
         Settings {
             storage_class: spec.storage_class.as_gcs().to_owned(),
             versioning: spec.versioning,
@@ -171,6 +172,54 @@ impl Settings {
         fields
     }
 
+    /// What changing `field` from `observed` to `self` does, in words
+    /// (`versioning: true → false`), for events and conditions.
+    pub fn describe(&self, observed: &Settings, field: Field) -> String {
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        let seconds = |s: Option<i64>| s.map_or_else(|| "none".to_owned(), |s| format!("{s}s"));
+        let (name, from, to) = match field {
+            Field::StorageClass => (
+                "storageClass",
+                observed.storage_class.clone(),
+                self.storage_class.clone(),
+            ),
+            Field::Versioning => (
+                "versioning",
+                on_off(observed.versioning).to_owned(),
+                on_off(self.versioning).to_owned(),
+            ),
+            Field::Labels => {
+                return format!("labels: {}", label_changes(&observed.labels, &self.labels));
+            }
+            Field::Lifecycle => (
+                "lifecycleRules",
+                format!("{} rules", observed.lifecycle.len()),
+                format!("{} rules", self.lifecycle.len()),
+            ),
+            Field::UniformBucketLevelAccess => (
+                "uniformBucketLevelAccess",
+                on_off(observed.uniform_bucket_level_access).to_owned(),
+                on_off(self.uniform_bucket_level_access).to_owned(),
+            ),
+            Field::PublicAccessPrevention => (
+                "publicAccessPrevention",
+                observed.public_access_prevention.clone(),
+                self.public_access_prevention.clone(),
+            ),
+            Field::RetentionPolicy => (
+                "retentionPolicy",
+                seconds(observed.retention_seconds),
+                seconds(self.retention_seconds),
+            ),
+            Field::SoftDeletePolicy => (
+                "softDeletePolicy",
+                seconds(observed.soft_delete_seconds),
+                seconds(self.soft_delete_seconds),
+            ),
+        };
+        format!("{name}: {from} → {to}")
+    }
+
     /// A bucket carrying these settings (for create, and as an update patch).
     pub fn to_bucket(&self) -> Bucket {
         let mut b = Bucket::new()
@@ -204,6 +253,25 @@ impl Settings {
         }
         b
     }
+}
+
+/// The labels added, removed and changed from `from` to `to`
+/// (`+team=media, -temp, owner=a→b`).
+fn label_changes(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) -> String {
+    let mut changes = Vec::new();
+    for (k, v) in to {
+        match from.get(k) {
+            None => changes.push(format!("+{k}={v}")),
+            Some(old) if old != v => changes.push(format!("{k}={old}→{v}")),
+            Some(_) => {}
+        }
+    }
+    changes.extend(
+        from.keys()
+            .filter(|k| !to.contains_key(*k))
+            .map(|k| format!("-{k}")),
+    );
+    changes.join(", ")
 }
 
 fn storage_class_from_gcs(s: &str) -> Option<StorageClass> {
@@ -312,18 +380,23 @@ mod tests {
             "retentionPolicy": {"retentionPeriodSeconds": 3600},
             "softDeletePolicy": {"retentionDurationSeconds": 0}
         }));
-        let desired = Settings::desired(&spec, "owner-1");
+        let owner = crate::naming::Identity {
+            cluster: "c",
+            namespace: "ns",
+            name: "photos",
+        };
+        let desired = Settings::desired(&spec, &owner.labels());
         let observed = Settings::observed(&desired.to_bucket());
         assert_eq!(desired.drift(&observed), Vec::<Field>::new());
-        assert_eq!(
-            observed.labels.get(OWNER_LABEL).map(String::as_str),
-            Some("owner-1")
-        );
+        assert_eq!(observed.labels.get(OWNER_LABEL), Some(&owner.owner_key()));
     }
 
     #[test]
     fn each_changed_field_is_reported_once() {
-        let desired = Settings::desired(&spec(serde_json::json!({"bucketName": "photos"})), "o");
+        let desired = Settings::desired(
+            &spec(serde_json::json!({"bucketName": "photos"})),
+            &BTreeMap::new(),
+        );
         let mut observed = desired.clone();
         observed.storage_class = "COLDLINE".into();
         observed.versioning = true;
@@ -343,8 +416,39 @@ mod tests {
     }
 
     #[test]
+    fn every_change_is_described_with_its_old_and_new_value() {
+        let desired = Settings::desired(
+            &spec(serde_json::json!({"bucketName": "photos", "labels": {"team": "media"}})),
+            &BTreeMap::new(),
+        );
+        let mut observed = desired.clone();
+        observed.storage_class = "NEARLINE".into();
+        observed.versioning = true;
+        observed.labels.insert("temp".into(), "x".into());
+        observed.labels.insert("team".into(), "video".into());
+        observed.retention_seconds = Some(60);
+        let described: Vec<String> = desired
+            .drift(&observed)
+            .into_iter()
+            .map(|f| desired.describe(&observed, f))
+            .collect();
+        assert_eq!(
+            described,
+            [
+                "storageClass: NEARLINE → STANDARD",
+                "versioning: on → off",
+                "labels: team=video→media, -temp",
+                "retentionPolicy: 60s → none",
+            ]
+        );
+    }
+
+    #[test]
     fn unmanaged_soft_delete_is_left_alone() {
-        let desired = Settings::desired(&spec(serde_json::json!({"bucketName": "photos"})), "o");
+        let desired = Settings::desired(
+            &spec(serde_json::json!({"bucketName": "photos"})),
+            &BTreeMap::new(),
+        );
         let mut observed = desired.clone();
         observed.soft_delete_seconds = Some(604800);
         assert!(desired.drift(&observed).is_empty());

@@ -314,6 +314,8 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
             "--set",
             "defaultProject=my-project",
             "--set",
+            "clusterId=prod-europe-west1",
+            "--set",
             "serviceAccount.gcpServiceAccount=",
             "--set",
             "image.tag=1.2.3",
@@ -352,6 +354,7 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
         "{container:#}"
     );
     for (name, value) in [
+        ("BUCKETMAP_CLUSTER_ID", "prod-europe-west1"),
         ("BUCKETMAP_WORKLOAD_IDENTITY_POOL", "acme.svc.id.goog"),
         ("BUCKETMAP_WORKLOAD_IDENTITY_PROJECT_NUMBER", "123456789012"),
     ] {
@@ -366,5 +369,14 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
     }
     let sa = get("ServiceAccount", "bucketmap")?;
     assert!(sa.pointer("/metadata/annotations").is_none(), "{sa:#}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_chart_refuses_a_cluster_id_that_is_no_label_value() -> TestResult {
+    let helm = helm().await?;
+    let refused = helm_template(&helm, &["--set", "clusterId=Prod.EU"]).await;
+    let message = format!("{:#}", refused.expect_err("an invalid clusterId renders"));
+    assert!(message.contains("starting with a letter"), "{message}");
     Ok(())
 }

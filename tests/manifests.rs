@@ -97,6 +97,7 @@ async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() ->
         .args(["--metrics-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", &kubeconfig)
         .env_remove("POD_NAMESPACE")
+        .env_remove("BUCKETMAP_CLUSTER_ID")
         .spawn()?;
 
     // spec.access: the ServiceAccount's annotation is readable with the RBAC.
@@ -120,6 +121,17 @@ async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() ->
     .await?;
     let g = f.wait_ready("photos").await?;
     assert!(f.gcs.bucket(&physical(&g)).is_some());
+    // No cluster id given: the operator stored the one it derived, which
+    // its RBAC allows.
+    let stored: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(f.client.clone(), "bucketmap-system");
+    assert!(
+        stored
+            .get_opt(bucketmap::cluster_id::CONFIGMAP)
+            .await?
+            .is_some(),
+        "the derived cluster identity is stored"
+    );
     let granted = f
         .wait_for("photos", Duration::from_secs(30), "access granted", |g| {
             // status.access records intent before the policy write; the

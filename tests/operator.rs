@@ -12,7 +12,7 @@ use std::time::Duration;
 use bucketmap::crd::Gcs;
 use bucketmap::naming::{self, Identity, MANAGED_BY_LABEL, OWNER_LABEL};
 use bucketmap_testkit::mock_gcs::{Fault, proto};
-use common::{Fixture, PROJECT, physical, uid};
+use common::{Fixture, PROJECT, physical};
 use kube::ResourceExt;
 
 type TestResult = anyhow::Result<()>;
@@ -20,13 +20,12 @@ type TestResult = anyhow::Result<()>;
 fn name_for(g: &Gcs, attempt: u32) -> String {
     let ns = g.namespace().unwrap_or_default();
     let name = g.name_any();
-    let uid = uid(g);
     naming::physical_name(
         &g.spec.bucket_name,
         Identity {
+            cluster: &common::test_config(&ns).cluster_id,
             namespace: &ns,
             name: &name,
-            uid: &uid,
         },
         attempt,
     )
@@ -78,7 +77,12 @@ async fn create_becomes_ready_with_full_status_and_a_labelled_bucket() -> TestRe
         bucket.labels.get(MANAGED_BY_LABEL).map(String::as_str),
         Some("bucketmap")
     );
-    assert_eq!(bucket.labels.get(OWNER_LABEL), Some(&uid(&g)));
+    let owner = Identity {
+        cluster: &f.config.cluster_id,
+        namespace: &f.ns,
+        name: "photos",
+    };
+    assert_eq!(bucket.labels.get(OWNER_LABEL), Some(&owner.owner_key()));
     assert_eq!(bucket.labels.get("team").map(String::as_str), Some("media"));
     let iam = bucket.iam_config.clone().unwrap_or_default();
     assert!(iam.uniform_bucket_level_access.is_some_and(|u| u.enabled));

@@ -365,6 +365,21 @@ async fn start_demo(
     Ok(Some(demo))
 }
 
+/// The embedded operator's settings. Its cluster identity comes from the
+/// environment (`BUCKETMAP_CLUSTER_ID`), as a deployed operator's would.
+fn operator_config(args: &DevArgs) -> anyhow::Result<OperatorConfig> {
+    let cluster_id = match std::env::var("BUCKETMAP_CLUSTER_ID") {
+        Ok(id) => bucketmap::naming::validate_cluster_id(&id).map_err(anyhow::Error::msg)?,
+        Err(_) => "dev".to_owned(),
+    };
+    println!("  cluster identity: {cluster_id} (BUCKETMAP_CLUSTER_ID)");
+    Ok(OperatorConfig {
+        cluster_id,
+        default_project: Some(args.default_project.clone()),
+        ..OperatorConfig::default()
+    })
+}
+
 /// Runs `cargo dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let examples = args
@@ -377,10 +392,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let metrics = Arc::new(Metrics::default());
     let (gcs, gcs_shown, mock) = start_gcs(&args, metrics.clone()).await?;
-    let config = OperatorConfig {
-        default_project: Some(args.default_project.clone()),
-        ..OperatorConfig::default()
-    };
+    let config = operator_config(&args)?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let operator = tokio::spawn(controller::run(
         cluster.client.clone(),

@@ -17,15 +17,15 @@ use tracing::{info, warn};
 
 use super::status::StatusWriter;
 use super::{Context, PROJECT_ANNOTATION, resync};
+use crate::Result;
 use crate::bucket_map::Verdict;
-use crate::conditions::reason;
+use crate::conditions::{self, reason};
 use crate::crd::{BindingReference, Gcs, GcsStatus};
 use crate::gcs::{GcsError, GcsErrorKind};
-use crate::naming::{self, Identity, OWNER_LABEL};
+use crate::naming::{self, Identity, Ownership};
 use crate::publish;
 use crate::settings::Settings;
 use crate::slots::Slot;
-use crate::{Error, Result};
 
 /// The value of a phase, or the end of the reconcile with the phase's action.
 macro_rules! phase {
@@ -51,22 +51,21 @@ pub(super) async fn apply(
     // while it runs.
     phase!(Box::pin(validate(&obj, ctx, status)).await?);
     let project = phase!(Box::pin(resolve_project(&obj, ctx, status, slot)).await?);
-    let uid = obj.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
-    let owner = naming::owner_id(&uid);
+    let identity = Identity {
+        cluster: &ctx.config.cluster_id,
+        namespace: &ns,
+        name: &name,
+    };
     let request = BucketRequest {
         obj: &obj,
         project: &project,
-        owner: &owner,
-        desired: Settings::desired(&obj.spec, &owner),
-        identity: Identity {
-            namespace: &ns,
-            name: &name,
-            uid: &uid,
-        },
+        uid: obj.uid(),
+        desired: Settings::desired(&obj.spec, &identity.labels()),
+        identity,
     };
-    let bucket = phase!(Box::pin(ensure_bucket_phase(ctx, status, &request)).await?);
-    Box::pin(correct_drift(ctx, &request, &bucket)).await?;
+    let (bucket, adopted_now) = phase!(Box::pin(ensure_bucket_phase(ctx, status, &request)).await?);
+    Box::pin(correct_drift(ctx, status, &request, &bucket, adopted_now)).await?;
     phase!(publish(ctx, status, slot, &request, &bucket.bucket_id).await?);
     mark_ready(status, &bucket.bucket_id, &project);
     Box::pin(super::access::grant_access(
@@ -204,15 +203,21 @@ fn still_in_recorded_project(
 struct BucketRequest<'a> {
     obj: &'a Gcs,
     project: &'a str,
-    /// Value of the ownership label on our buckets.
-    owner: &'a str,
+    /// The resource's uid: only recognises buckets labelled by earlier
+    /// versions (see [`naming`]).
+    uid: Option<String>,
     desired: Settings,
+    /// The owner: cluster identity, namespace, name.
     identity: Identity<'a>,
 }
 
 impl BucketRequest<'_> {
+    fn ownership(&self, bucket: &Bucket) -> Ownership {
+        naming::ownership(&bucket.labels, &self.identity, self.uid.as_deref())
+    }
+
     fn owns(&self, bucket: &Bucket) -> bool {
-        bucket.labels.get(OWNER_LABEL).map(String::as_str) == Some(self.owner)
+        matches!(self.ownership(bucket), Ownership::Ours | Ownership::Legacy)
     }
 
     fn candidate(&self, attempt: u32) -> String {
@@ -220,14 +225,20 @@ impl BucketRequest<'_> {
     }
 }
 
-/// Phase 3: the bucket, found or created.
+/// Phase 3: the bucket, found, created or adopted (`true`: adopted now).
 async fn ensure_bucket_phase(
     ctx: &Context,
     status: &mut StatusWriter<'_>,
     request: &BucketRequest<'_>,
-) -> Result<ControlFlow<Action, Bucket>> {
-    match ensure_bucket(ctx, status, request).await? {
-        Some(bucket) => Ok(ControlFlow::Continue(bucket)),
+) -> Result<ControlFlow<Action, (Bucket, bool)>> {
+    let found = match &request.obj.spec.adopt {
+        Some(adopt) => Box::pin(adopt_bucket(ctx, status, request, &adopt.bucket)).await?,
+        None => ensure_bucket(ctx, status, request)
+            .await?
+            .map(|bucket| (bucket, false)),
+    };
+    match found {
+        Some(found) => Ok(ControlFlow::Continue(found)),
         None => {
             // The condition says why (taken names, or not ours any more).
             status.flush().await?;
@@ -307,13 +318,32 @@ async fn recorded_bucket(
     ) else {
         return Ok(ControlFlow::Continue(()));
     };
-    match ctx.gcs.get_bucket(&physical).await? {
-        Some(b) if request.owns(&b) => Ok(ControlFlow::Break(Some(b))),
-        Some(_) => {
+    let bucket = ctx.gcs.get_bucket(&physical).await?;
+    match bucket.as_ref().map(|b| request.ownership(b)) {
+        Some(Ownership::Ours) => Ok(ControlFlow::Break(bucket)),
+        Some(Ownership::Legacy) => {
+            let cluster = request.identity.cluster;
+            let note = format!(
+                "Bucket {physical} carries this resource's uid as its owner (labelled by an earlier bucketmap); relabelling it with cluster identity {cluster}, namespace and name, so that it is found again when the resource is re-created"
+            );
+            info!(bucket = %physical, cluster, "migrating ownership labels");
+            ctx.event(
+                request.obj,
+                EventType::Normal,
+                "OwnershipMigrated",
+                "UpdateBucket",
+                note,
+            );
+            Ok(ControlFlow::Break(bucket))
+        }
+        Some(other) => {
             status.ready(
                 false,
                 reason::NOT_OWNED,
-                format!("bucket {physical} exists but is no longer owned by this resource; leaving it untouched"),
+                format!(
+                    "bucket {physical} exists but is no longer owned by this resource ({}); leaving it untouched",
+                    owner_in_words(&other)
+                ),
             );
             Ok(ControlFlow::Break(None))
         }
@@ -335,7 +365,7 @@ async fn recorded_bucket(
 /// crash could otherwise lose it.
 ///
 /// A crash or a lost response must only ever lead back to this same name.
-/// Attempt 0 is derived from the uid, so a restart finds it again without a
+/// Attempt 0 is derived from the owner identity, so a restart finds it again without a
 /// status write; a later attempt is persisted before the create. A create
 /// that has to wait for its turn is reported as `Creating` meanwhile.
 /// (Skipping the write for an immediate first attempt saves one API write
@@ -388,7 +418,10 @@ async fn create_or_adopt(
         }
         Err(e) if e.kind == GcsErrorKind::AlreadyExists => {
             match ctx.gcs.get_bucket(physical).await {
-                Ok(Some(b)) if request.owns(&b) => Ok(Some(b)),
+                Ok(Some(b)) if request.owns(&b) => {
+                    found_again_event(ctx, request, physical);
+                    Ok(Some(b))
+                }
                 Ok(Some(_))
                 | Err(GcsError {
                     kind: GcsErrorKind::PermissionDenied,
@@ -402,13 +435,125 @@ async fn create_or_adopt(
     }
 }
 
-/// Phase 4: the bucket's settings as declared.
-async fn correct_drift(ctx: &Context, request: &BucketRequest<'_>, bucket: &Bucket) -> Result<()> {
-    let drift = request.desired.drift(&Settings::observed(bucket));
+/// A bucket of this owner exists at the candidate name: a create whose
+/// response was lost, or a resource re-created (a rebuilt or restored
+/// cluster) finding its bucket again.
+fn found_again_event(ctx: &Context, request: &BucketRequest<'_>, physical: &str) {
+    let Identity {
+        cluster,
+        namespace,
+        name,
+    } = request.identity;
+    info!(bucket = %physical, cluster, "found the bucket of this owner");
+    let note = format!(
+        "Bucket {physical} already exists and is owned by cluster identity {cluster}, Gcs {namespace}/{name}: using it, with its data"
+    );
+    ctx.event(
+        request.obj,
+        EventType::Normal,
+        "FoundExisting",
+        "CreateBucket",
+        note,
+    );
+}
+
+/// Who owns a bucket, in words, for a refusal.
+fn owner_in_words(ownership: &Ownership) -> String {
+    match ownership {
+        Ownership::Foreign(who) => format!("owned by {who}"),
+        Ownership::Unowned => "it carries no bucketmap owner label".to_owned(),
+        Ownership::Ours | Ownership::Legacy => "owned by this resource".to_owned(),
+    }
+}
+
+/// Phase 3 with `spec.adopt`: the named bucket, if it may be adopted
+/// (`true`: adopted now). It must exist (adoption never creates), be
+/// unowned or already this owner's, and live in the resource's project.
+async fn adopt_bucket(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    physical: &str,
+) -> Result<Option<(Bucket, bool)>> {
+    let project = request.project;
+    let Some(bucket) = ctx.gcs.get_bucket(physical).await? else {
+        let message = format!(
+            "bucket {physical} of spec.adopt.bucket does not exist (or the operator may not see it); adoption never creates a bucket"
+        );
+        status.ready(false, reason::BUCKET_NOT_FOUND, message);
+        return Ok(None);
+    };
+    let known = status.status.create_time.is_some()
+        && status.status.bucket_full_name.as_deref() == Some(physical);
+    let ownership = request.ownership(&bucket);
+    let was = match &ownership {
+        Ownership::Ours | Ownership::Legacy if known => return Ok(Some((bucket, false))),
+        Ownership::Ours | Ownership::Legacy => "already owned by this resource",
+        Ownership::Unowned => "unowned",
+        Ownership::Foreign(who) => {
+            let message = format!(
+                "cannot adopt bucket {physical}: it is owned by {who}. bucketmap adopts only a bucket that carries no owner label or that this cluster identity ({}) already owns for this Gcs; to move it, delete its Gcs there with deletionPolicy: Abandon",
+                request.identity.cluster
+            );
+            refuse_adoption(ctx, status, request, message);
+            return Ok(None);
+        }
+    };
+    if !ctx.gcs.bucket_in_project(project, physical).await? {
+        let message = format!(
+            "cannot adopt bucket {physical}: it is not in project {project}, the project of this resource; bucketmap adopts only buckets of the resource's own project"
+        );
+        refuse_adoption(ctx, status, request, message);
+        return Ok(None);
+    }
+    info!(bucket = %physical, project, was, "adopting bucket");
+    status.name(physical, project, 0);
+    status.created_now();
+    Ok(Some((bucket, true)))
+}
+
+fn refuse_adoption(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    message: String,
+) {
+    warn!(message, "adoption refused");
+    let current = status.current(conditions::READY);
+    if current.is_none_or(|c| c.reason != reason::ADOPTION_REFUSED || c.message != message) {
+        ctx.event(
+            request.obj,
+            EventType::Warning,
+            reason::ADOPTION_REFUSED,
+            "AdoptBucket",
+            message.clone(),
+        );
+    }
+    status.ready(false, reason::ADOPTION_REFUSED, message);
+}
+
+/// Phase 4: the bucket's settings as declared, every change reported; for
+/// a bucket adopted now, the `Adopted` condition says what changed.
+async fn correct_drift(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    bucket: &Bucket,
+    adopted_now: bool,
+) -> Result<()> {
+    let observed = Settings::observed(bucket);
+    let drift = request.desired.drift(&observed);
+    let changes: Vec<String> = drift
+        .iter()
+        .map(|field| request.desired.describe(&observed, *field))
+        .collect();
+    let physical = &bucket.bucket_id;
+    if adopted_now {
+        report_adoption(ctx, status, request, bucket, &changes);
+    }
     if drift.is_empty() {
         return Ok(());
     }
-    let physical = &bucket.bucket_id;
     let mask: Vec<&str> = drift.iter().map(|f| f.mask_path()).collect();
     ctx.gcs
         .update_bucket(
@@ -424,9 +569,45 @@ async fn correct_drift(ctx: &Context, request: &BucketRequest<'_>, bucket: &Buck
         EventType::Normal,
         "Updated",
         "UpdateBucket",
-        format!("Bucket {physical}: set {} as declared", mask.join(", ")),
+        format!("Bucket {physical} set as declared: {}", changes.join("; ")),
     );
     Ok(())
+}
+
+/// The `Adopted` condition and event: the bucket, and every setting the
+/// adoption changes (or cannot: the location).
+fn report_adoption(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    bucket: &Bucket,
+    changes: &[String],
+) {
+    let (physical, project) = (&bucket.bucket_id, request.project);
+    let mut message = format!("Adopted bucket {physical} in project {project}; ");
+    if changes.is_empty() {
+        message.push_str("its settings already matched the spec");
+    } else {
+        message.push_str(&format!("settings changed: {}", changes.join("; ")));
+    }
+    let declared = request.obj.spec.location.to_ascii_uppercase();
+    if !bucket.location.is_empty() && !bucket.location.eq_ignore_ascii_case(&declared) {
+        message.push_str(&format!(
+            "; location stays {} (spec.location is {declared}: a bucket cannot move)",
+            bucket.location
+        ));
+    }
+    status.condition(
+        conditions::ADOPTED,
+        Some((true, reason::ADOPTED, message.clone())),
+    );
+    ctx.event(
+        request.obj,
+        EventType::Normal,
+        reason::ADOPTED,
+        "AdoptBucket",
+        message,
+    );
 }
 
 /// Phase 5: the map entry and the binding Secret. Published before Ready:
@@ -571,9 +752,9 @@ mod tests {
     #[test]
     fn naming_tries_max_attempts_candidates_then_reports_the_conflict() {
         let identity = Identity {
+            cluster: "test",
             namespace: NS,
             name: "photos",
-            uid: "0b6c7a4e-3f4e-4c1e-9a55-2f1f6c1d8e01",
         };
         let mut attempt = 0;
         let mut tried = vec![naming::physical_name("photos", identity, attempt)];

@@ -1,6 +1,8 @@
 //! Deleting a bucket when its resource goes: unpublish first, revoke the
-//! operator's IAM grants (whatever the `deletionPolicy`), then delete
-//! per `deletionPolicy`, never a bucket that is not ours, never data the
+//! operator's IAM grants (whatever the `deletionPolicy`), then per
+//! `deletionPolicy`: delete the bucket, keep it (`Orphan`, still labelled
+//! as this owner's) or release it (`Abandon`, bucketmap's labels removed).
+//! Never a bucket that does not carry this owner's labels, never data the
 //! user did not ask to delete.
 
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use super::status::StatusWriter;
 use crate::conditions::reason;
 use crate::crd::{DeletionPolicy, Gcs};
 use crate::gcs::GcsErrorKind;
-use crate::naming::{self, OWNER_LABEL};
+use crate::naming::{self, Identity, Ownership};
 use crate::publish;
 use crate::slots::Slot;
 use crate::{Error, Result};
@@ -36,43 +38,94 @@ pub(super) async fn cleanup(
     };
     // The namespace no longer declares access, whether the bucket stays or not.
     super::access::revoke_all(&obj, ctx, status, &physical).await?;
-    if obj.spec.deletion_policy == DeletionPolicy::Orphan {
-        let note = format!(
-            "deletionPolicy is Orphan: bucket {physical} is kept, without the grants of spec.access"
-        );
-        ctx.event(&obj, EventType::Normal, "Orphaned", "DeleteBucket", note);
-        return Ok(Action::await_change());
+    match obj.spec.effective_deletion_policy() {
+        DeletionPolicy::Orphan => {
+            let note = format!(
+                "deletionPolicy is Orphan: bucket {physical} is kept, without the grants of spec.access, still labelled as owned by cluster identity {}: a Gcs of the same namespace and name finds it again",
+                ctx.config.cluster_id
+            );
+            ctx.event(&obj, EventType::Normal, "Orphaned", "DeleteBucket", note);
+            return Ok(Action::await_change());
+        }
+        DeletionPolicy::Abandon => {
+            abandon(&obj, ctx, &physical).await?;
+            return Ok(Action::await_change());
+        }
+        DeletionPolicy::Delete => {}
     }
-    if !is_ours(&obj, ctx, &physical).await? {
+    let Some(_) = ours(&obj, ctx, &physical).await? else {
         return Ok(Action::await_change());
-    }
+    };
     empty_bucket(&obj, ctx, &physical).await?;
     let project = recorded.project_id.unwrap_or_default();
     delete_bucket(&obj, ctx, &physical, &project).await?;
     Ok(Action::await_change())
 }
 
-/// Whether bucket `physical` exists and carries this resource's ownership
-/// label (a foreign one is reported and left alone).
-async fn is_ours(obj: &Gcs, ctx: &Context, physical: &str) -> Result<bool> {
-    let uid = obj.uid().ok_or(Error::MissingField("metadata.uid"))?;
-    let owner = naming::owner_id(&uid);
+/// Bucket `physical`, if it exists and carries this owner's labels (or,
+/// from an earlier version, this resource's uid); a foreign or unowned one
+/// is reported and left alone.
+async fn ours(
+    obj: &Gcs,
+    ctx: &Context,
+    physical: &str,
+) -> Result<Option<google_cloud_storage::model::Bucket>> {
+    let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+    let identity = Identity {
+        cluster: &ctx.config.cluster_id,
+        namespace: &ns,
+        name: &name,
+    };
     let Some(bucket) = ctx.gcs.get_bucket(physical).await? else {
         info!(bucket = %physical, "bucket already gone");
-        return Ok(false);
+        return Ok(None);
     };
-    if bucket.labels.get(OWNER_LABEL) == Some(&owner) {
-        return Ok(true);
+    match naming::ownership(&bucket.labels, &identity, obj.uid().as_deref()) {
+        Ownership::Ours | Ownership::Legacy => return Ok(Some(bucket)),
+        Ownership::Foreign(who) => {
+            let note = format!(
+                "Bucket {physical} is owned by {who}, not by this resource; left untouched"
+            );
+            ctx.event(
+                obj,
+                EventType::Warning,
+                reason::NOT_OWNED,
+                "DeleteBucket",
+                note,
+            );
+        }
+        Ownership::Unowned => {
+            let note =
+                format!("Bucket {physical} carries no bucketmap owner label; left untouched");
+            ctx.event(
+                obj,
+                EventType::Warning,
+                reason::NOT_OWNED,
+                "DeleteBucket",
+                note,
+            );
+        }
     }
-    let note = format!("Bucket {physical} is not owned by this resource; left untouched");
-    ctx.event(
-        obj,
-        EventType::Warning,
-        reason::NOT_OWNED,
-        "DeleteBucket",
-        note,
+    Ok(None)
+}
+
+/// `Abandon`: keeps the bucket and removes bucketmap's labels from it, so
+/// that it is nobody's (another cluster or Gcs may adopt it).
+async fn abandon(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
+    let Some(bucket) = ours(obj, ctx, physical).await? else {
+        return Ok(());
+    };
+    let labels = naming::without_ownership_labels(&bucket.labels);
+    let patch = google_cloud_storage::model::Bucket::new().set_labels(labels);
+    ctx.gcs
+        .update_bucket(physical, patch, &["labels"], bucket.metageneration)
+        .await?;
+    info!(bucket = %physical, "abandoned bucket");
+    let note = format!(
+        "deletionPolicy is Abandon: bucket {physical} is kept, without the grants of spec.access and without bucketmap's labels; it is nobody's now and may be adopted (spec.adopt.bucket)"
     );
-    Ok(false)
+    ctx.event(obj, EventType::Normal, "Abandoned", "DeleteBucket", note);
+    Ok(())
 }
 
 /// With `forceDestroy`, deletes every object version; without it, refuses

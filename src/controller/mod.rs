@@ -52,6 +52,9 @@ pub const PROJECT_ANNOTATION: &str = "bucketmap.dev/project-id";
 /// Operator settings (from flags).
 #[derive(Debug, Clone)]
 pub struct OperatorConfig {
+    /// This cluster's identity ([`crate::cluster_id`]): with a resource's
+    /// namespace and name, the owner of its bucket.
+    pub cluster_id: String,
     /// Project used when neither the spec nor the namespace names one.
     pub default_project: Option<String>,
     /// Period of the drift check for each resource (jittered ±10 %).
@@ -81,6 +84,8 @@ pub struct OperatorConfig {
 impl Default for OperatorConfig {
     fn default() -> Self {
         OperatorConfig {
+            // Embedders (tests, cargo dev) that do not resolve one.
+            cluster_id: "default".to_owned(),
             default_project: None,
             resync: Duration::from_secs(600),
             max_name_attempts: 5,

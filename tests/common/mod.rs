@@ -76,6 +76,39 @@ impl Fixture {
         })
     }
 
+    /// Another cluster (a control plane of its own, the operator not
+    /// started) in front of the same GCS: this fixture's mock state served
+    /// on a port of its own, and a namespace of the same name.
+    pub async fn another_cluster(&self) -> anyhow::Result<Fixture> {
+        let env = TestEnv::start().await?;
+        let client = env.client().await?;
+        bucketmap_testkit::testenv::install_crd(&client, &bucketmap::crd::Gcs::crd()).await?;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let namespace = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(self.ns.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .with_context(|| format!("create namespace {}", self.ns))?;
+        let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
+        let mock = MockGcs::start_with(addr, self.gcs.clone()).await?;
+        Ok(Fixture {
+            env,
+            client,
+            ns: self.ns.clone(),
+            gcs: mock.handle(),
+            mock,
+            config: self.config.clone(),
+            operator: None,
+            metrics: Arc::new(Metrics::default()),
+        })
+    }
+
     /// Like [`Fixture::new`], with the operator running.
     pub async fn started() -> anyhow::Result<Fixture> {
         let mut f = Fixture::new().await?;
@@ -248,6 +281,9 @@ impl Fixture {
                 &self.mock.endpoint(),
             ])
             .args(["--bucket-ops-interval", "0s"])
+            // The in-process operator's identity; without it the process
+            // would store one in its namespace (tests/manifests.rs does).
+            .env("BUCKETMAP_CLUSTER_ID", &self.config.cluster_id)
             .env("KUBECONFIG", self.env.kubeconfig_path())
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);

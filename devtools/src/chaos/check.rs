@@ -66,7 +66,8 @@ pub struct SeenResource {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SeenBucket {
     pub project: String,
-    /// The `bucketmap-owner` label.
+    /// The Gcs (`namespace/name`) the ownership labels name, when the owner
+    /// key (`bucketmap-owner`) matches them (see `observe::owner_of`).
     pub owner: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub metageneration: i64,
@@ -126,7 +127,7 @@ pub fn all_ready(plan: &[Planned], world: &World, foreign: &BTreeSet<String>) ->
 /// in its project; exactly one name tried.
 fn one_bucket(p: &Planned, seen: &SeenResource, world: &World) -> Vec<Violation> {
     let mut out = Vec::new();
-    let owner = bucketmap::naming::owner_id(&seen.uid);
+    let owner = p.key();
     let owned: Vec<&String> = world
         .buckets
         .iter()
@@ -238,8 +239,8 @@ fn extra_map_entries(plan: &[Planned], world: &World) -> Vec<Violation> {
 fn leaks(plan: &[Planned], world: &World, foreign: &BTreeSet<String>) -> Vec<(String, Violation)> {
     let may_own: BTreeSet<String> = plan
         .iter()
-        .filter_map(|p| world.resources.get(&p.key()))
-        .map(|r| bucketmap::naming::owner_id(&r.uid))
+        .filter(|p| world.resources.contains_key(&p.key()))
+        .map(Planned::key)
         .collect();
     world
         .buckets
@@ -301,10 +302,10 @@ fn bucket_fate(
     world: &World,
     blocked_now: bool,
 ) -> Vec<Violation> {
-    let Some(uid) = uid else {
+    if uid.is_none() {
         return vec![format!("{}: its uid was never recorded", p.key())];
-    };
-    let owner = bucketmap::naming::owner_id(uid);
+    }
+    let owner = p.key();
     let owned: Vec<(&String, &SeenBucket)> = world
         .buckets
         .iter()
@@ -369,10 +370,7 @@ pub fn at_end(
             ));
         }
     }
-    let ours: BTreeSet<String> = uids
-        .values()
-        .map(|u| bucketmap::naming::owner_id(u))
-        .collect();
+    let ours: BTreeSet<String> = uids.keys().cloned().collect();
     for (id, b) in &world.buckets {
         let known =
             foreign_before.contains_key(id) || b.owner.as_ref().is_some_and(|o| ours.contains(o));

@@ -125,6 +125,21 @@ pub fn seen(g: &Gcs) -> SeenResource {
     }
 }
 
+/// The Gcs (`namespace/name`) a bucket's ownership labels name, when its
+/// owner key matches them (a bucket labelled by hand or by another owner
+/// has none).
+fn owner_of(labels: &std::collections::HashMap<String, String>) -> Option<String> {
+    use bucketmap::naming::{CLUSTER_LABEL, Identity, NAME_LABEL, NAMESPACE_LABEL, OWNER_LABEL};
+    let get = |key: &str| labels.get(key).map(String::as_str);
+    let identity = Identity {
+        cluster: get(CLUSTER_LABEL)?,
+        namespace: get(NAMESPACE_LABEL)?,
+        name: get(NAME_LABEL)?,
+    };
+    (get(OWNER_LABEL)? == identity.owner_key())
+        .then(|| format!("{}/{}", identity.namespace, identity.name))
+}
+
 /// Every bucket of the mock, by id.
 pub fn buckets(gcs: &MockHandle) -> BTreeMap<String, SeenBucket> {
     gcs.buckets()
@@ -133,7 +148,7 @@ pub fn buckets(gcs: &MockHandle) -> BTreeMap<String, SeenBucket> {
             let id = b.name.rsplit('/').next().unwrap_or_default().to_owned();
             let seen = SeenBucket {
                 project: b.project.trim_start_matches("projects/").to_owned(),
-                owner: b.labels.get(bucketmap::naming::OWNER_LABEL).cloned(),
+                owner: owner_of(&b.labels),
                 labels: b.labels.clone().into_iter().collect(),
                 metageneration: b.metageneration,
                 objects: gcs.objects(&id).len(),

@@ -29,6 +29,11 @@ fn uid(name: &str) -> String {
     format!("uid-{name}")
 }
 
+/// The owner a bucket's labels name (`observe::owner_of`).
+fn key(name: &str) -> String {
+    format!("ns/{name}")
+}
+
 fn uids() -> BTreeMap<String, String> {
     plan().iter().map(|p| (p.key(), uid(&p.name))).collect()
 }
@@ -65,7 +70,7 @@ fn ready_world() -> World {
         );
         let objects = usize::from(p.non_empty);
         w.buckets
-            .insert(physical.clone(), bucket(Some(uid(&p.name)), objects));
+            .insert(physical.clone(), bucket(Some(key(&p.name)), objects));
         w.maps
             .entry("ns".into())
             .or_default()
@@ -144,14 +149,14 @@ fn a_healthy_run_passes_every_check() {
 fn a_duplicate_bucket_is_reported_at_ready_and_at_the_end() {
     let mut w = ready_world();
     w.buckets
-        .insert("plain-y".into(), bucket(Some(uid("plain")), 0));
+        .insert("plain-y".into(), bucket(Some(key("plain")), 0));
     w.create_attempts.insert("plain-y".into());
     let v = all_ready(&plan(), &w, &foreign_ids());
     expect_one(&v, "ns/plain: duplicate buckets");
     expect_one(&v, "ns/plain: 2 bucket names tried");
     let mut end = end_world();
     end.buckets
-        .insert("kept-y".into(), bucket(Some(uid("kept")), 0));
+        .insert("kept-y".into(), bucket(Some(key("kept")), 0));
     let (v, tally) = at_end(&plan(), &uids(), &end, &foreign());
     expect_one(&v, "ns/kept: duplicate buckets");
     assert_eq!(tally.duplicates, 1);
@@ -168,7 +173,7 @@ fn a_leaked_bucket_is_reported() {
     );
     let mut end = end_world();
     end.buckets
-        .insert("plain-x".into(), bucket(Some(uid("plain")), 0));
+        .insert("plain-x".into(), bucket(Some(key("plain")), 0));
     let (v, tally) = at_end(&plan(), &uids(), &end, &foreign());
     expect_one(
         &v,
