@@ -143,6 +143,10 @@ pub struct OperatorArgs {
         default_value = "bucketmap/bucketmap:0.1.0"
     )]
     sidecar_image: String,
+    /// A further argument of every injected sidecar, repeatable (for
+    /// example `--sidecar-arg=--upstream=http://gcs-emulator:4443`).
+    #[arg(long = "sidecar-arg", value_name = "ARG", allow_hyphen_values = true)]
+    sidecar_args: Vec<String>,
     /// Loopback port of the injected sidecar.
     #[arg(long, default_value_t = 9023)]
     sidecar_port: u16,
@@ -152,10 +156,6 @@ pub struct OperatorArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// A further argument of every injected sidecar, repeatable (for
-    /// example `--sidecar-arg=--upstream=http://gcs-emulator:4443`).
-    #[arg(long = "sidecar-arg", value_name = "ARG", allow_hyphen_values = true)]
-    sidecar_args: Vec<String>,
 }
 
 fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {

@@ -53,6 +53,10 @@ pub struct DevArgs {
     /// Only the control plane: no sidecar, emulator or example app.
     #[arg(long)]
     no_sidecar: bool,
+    /// The product on a single-node cluster on this machine (needs root,
+    /// containerd and Go): the image, `helm install`, the examples' pods.
+    #[arg(long, conflicts_with_all = ["existing_cluster", "gcs_endpoint", "no_sidecar", "examples"])]
+    node: bool,
 }
 
 /// Server-side applies every document of every `*.yaml`/`*.yml` file in
@@ -382,6 +386,9 @@ fn operator_config(args: &DevArgs) -> anyhow::Result<OperatorConfig> {
 
 /// Runs `cargo dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    if args.node {
+        return crate::node::run(args.exit_when_ready, args.kubeconfig_out.as_deref()).await;
+    }
     let examples = args
         .examples
         .clone()

@@ -10,6 +10,7 @@ mod crd;
 mod demo;
 mod dev;
 mod grpc_schema;
+mod node;
 
 use std::net::SocketAddr;
 

@@ -6,9 +6,11 @@
 //
 // It writes hello.txt, reads it back and checks the content, then asks for
 // hello.txt's metadata every 200 ms, logging each failure. On SIGTERM (or
-// SIGINT) it lets the request in flight finish, logs
-// "requests=N failures=M" and exits 0: the node tests read that line to
-// count what a rollout or a sidecar restart cost the application.
+// SIGINT) it drains as a real application does: for two more seconds it
+// keeps asking (an app flushing its last writes), then logs
+// "requests=N failures=M drained=K" and exits 0. The node tests read that
+// line: a sidecar that stopped before the app would fail the drained
+// requests.
 //
 // It writes nothing to its own filesystem (readOnlyRootFilesystem) and needs
 // no privileges.
@@ -33,6 +35,7 @@ const (
 	content  = "hello from photo-app\n"
 	interval = 200 * time.Millisecond
 	timeout  = 5 * time.Second
+	drain    = 2 * time.Second
 )
 
 func main() {
@@ -54,11 +57,15 @@ func main() {
 
 	if !writeUntilDone(stop, obj) {
 		log.Printf("stopped before hello.txt was written")
-		log.Printf("requests=0 failures=0")
+		log.Printf("requests=0 failures=0 drained=0")
 		return
 	}
 	requests, failures := pollMetadata(stop, obj)
-	log.Printf("requests=%d failures=%d", requests, failures)
+	deadline, cancelDrain := context.WithTimeout(context.Background(), drain)
+	defer cancelDrain()
+	drained, drainFailures := pollMetadata(deadline, obj)
+	log.Printf("requests=%d failures=%d drained=%d",
+		requests+drained, failures+drainFailures, drained)
 }
 
 // writeUntilDone writes and checks hello.txt, retrying every second (the

@@ -104,8 +104,6 @@ pub(crate) fn kubelet(layout: &Layout) -> String {
         "imageGCHighThresholdPercent": 100,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         "serializeImagePulls": false,
-        "syncFrequency": "5s",
-        "configMapAndSecretChangeDetectionStrategy": "Watch",
     })
     .to_string()
 }

@@ -26,6 +26,7 @@ mod config;
 mod layout;
 pub mod netns;
 mod pki;
+pub mod product;
 mod start;
 
 use std::fs::File;
@@ -149,6 +150,12 @@ impl Node {
     /// Forwards a loopback port of the machine to `port` on [`NODE_IP`].
     pub async fn forward(&self, port: u16) -> Result<Forwarder> {
         Forwarder::start(NETNS, format!("{NODE_IP}:{port}").parse()?).await
+    }
+
+    /// Forwards a loopback port of the machine to `target` as the node
+    /// reaches it (a pod's IP and port, for instance).
+    pub async fn forward_to(&self, target: SocketAddr) -> Result<Forwarder> {
+        Forwarder::start(NETNS, target).await
     }
 }
 

@@ -38,19 +38,17 @@ pub(crate) fn ip(args: &[&str]) -> Result<()> {
 
 /// Creates the namespace `name` with loopback up and `node_ip` (a /32) on
 /// it: the node's address, which pods reach through their bridge gateway.
-/// Nothing outside the namespace is configured.
-pub(crate) fn create(name: &str, node_ip: &str) -> Result<()> {
+/// The Service range gets a route too (from the node's address), or the
+/// node's own processes (the API server calling a webhook) could not even
+/// connect to a cluster IP for kube-proxy's rules to translate. Nothing
+/// outside the namespace is configured.
+pub(crate) fn create(name: &str, node_ip: &str, service_range: &str) -> Result<()> {
+    let node_addr = format!("{node_ip}/32");
     ip(&["netns", "add", name])?;
     ip(&["-n", name, "link", "set", "lo", "up"])?;
-    ip(&[
-        "-n",
-        name,
-        "addr",
-        "add",
-        &format!("{node_ip}/32"),
-        "dev",
-        "lo",
-    ])?;
+    ip(&["-n", name, "addr", "add", &node_addr, "dev", "lo"])?;
+    let route = ["route", "add", service_range, "dev", "lo", "src", node_ip];
+    ip(&[&["-n", name][..], &route[..]].concat())?;
     Ok(())
 }
 

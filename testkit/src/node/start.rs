@@ -74,7 +74,7 @@ pub(crate) async fn start() -> Result<Node> {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    netns::create(NETNS, NODE_IP)?;
+    netns::create(NETNS, NODE_IP, SERVICE_RANGE)?;
     let pki = Pki::generate()?;
     write_pki(&layout, &pki)?;
 
@@ -259,6 +259,9 @@ fn apiserver_args(layout: &Layout) -> Vec<String> {
             "--kubelet-client-key={}",
             file("apiserver-kubelet-client.key")
         ),
+        // No DNS in the node: the API server reaches the kubelet (logs,
+        // exec) by the node's address.
+        "--kubelet-preferred-address-types=InternalIP".to_owned(),
         "--authorization-mode=Node,RBAC".to_owned(),
         "--enable-admission-plugins=NodeRestriction".to_owned(),
         format!("--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}"),

@@ -1,0 +1,252 @@
+//! Scenarios (b) to (f): the map reaching a running pod, Pod Security,
+//! shutdown order, operator failover, and the pods the webhook leaves alone
+//! or refuses.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use bucketmap_testkit::node::product::kubectl_apply;
+use futures::{AsyncBufReadExt as _, TryStreamExt as _};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, LogParams, PostParams};
+
+use bucketmap_testkit::node::product::SYSTEM_NAMESPACE;
+
+use crate::cluster::Cluster;
+use crate::scenarios::{app_wrote_hello, eventually, ready_bucket, ready_pod};
+
+/// The sidecar's admin port on the pod IP (probes and /metrics).
+const ADMIN_PORT: u16 = 9024;
+
+/// The `bucketmap_sidecar_mapping_entries` gauge of the sidecar in `pod`.
+async fn mapping_entries(c: &Cluster, pod: &Pod) -> Result<u64> {
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("pod without an IP")?;
+    let forwarder = c
+        .node
+        .forward_to(format!("{ip}:{ADMIN_PORT}").parse()?)
+        .await?;
+    let addr = forwarder.local_addr().to_string();
+    let (code, body) = bucketmap_testkit::http::request(&addr, "GET", "/metrics", "").await?;
+    ensure!(code == 200, "/metrics: {code}");
+    body.lines()
+        .find(|l| l.starts_with("bucketmap_sidecar_mapping_entries"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .context("no bucketmap_sidecar_mapping_entries in /metrics")
+}
+
+/// (b) A Gcs applied while the app runs reaches its sidecar through the
+/// ConfigMap volume (the kubelet's update of the mounted files), without a
+/// restart. Prints how long that took.
+pub async fn a_new_gcs_reaches_the_running_sidecar(c: Arc<Cluster>) -> Result<()> {
+    let pod = ready_pod(&c, "staging", "app=photo-app").await?;
+    let before = mapping_entries(&c, &pod).await?;
+    ensure!(before >= 1, "the sidecar holds {before} mappings");
+    let applied = Instant::now();
+    kubectl_apply(
+        &c.node,
+        "apiVersion: storage.bucketmap.dev/v1alpha1\nkind: Gcs\n\
+         metadata: {name: avatars, namespace: staging}\nspec: {bucketName: avatars}\n",
+    )
+    .await?;
+    ready_bucket(&c, "staging", "avatars").await?;
+    let ready = applied.elapsed();
+    eventually("the new mapping in the running sidecar", || async {
+        Ok((mapping_entries(&c, &pod).await? == before + 1).then_some(()))
+    })
+    .await?;
+    let reached = applied.elapsed();
+    let now = ready_pod(&c, "staging", "app=photo-app").await?;
+    ensure!(
+        now.metadata.uid == pod.metadata.uid,
+        "the pod was replaced instead of updated"
+    );
+    let restarts: i32 = now
+        .status
+        .and_then(|s| s.init_container_statuses)
+        .unwrap_or_default()
+        .iter()
+        .map(|s| s.restart_count)
+        .sum();
+    ensure!(restarts == 0, "the sidecar restarted {restarts} times");
+    println!(
+        "a new Gcs: Ready after {:.1} s, in the running sidecar's map after {:.1} s",
+        ready.as_secs_f64(),
+        reached.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The example app's Deployment, its ServiceAccount and a `photos` Gcs in
+/// `namespace`.
+fn example_app_in(namespace: &str) -> Result<String> {
+    let app = std::fs::read_to_string(bucketmap_testkit::repo_path("examples/photo-app.yaml"))?;
+    ensure!(
+        app.contains("namespace: staging"),
+        "examples/photo-app.yaml moved"
+    );
+    Ok(format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: photo-app, namespace: {namespace}}}\n\
+         ---\napiVersion: storage.bucketmap.dev/v1alpha1\nkind: Gcs\n\
+         metadata: {{name: photos, namespace: {namespace}}}\nspec: {{bucketName: photos}}\n---\n{}",
+        app.replace("namespace: staging", &format!("namespace: {namespace}"))
+    ))
+}
+
+/// (c) A namespace that enforces the `restricted` Pod Security Standard
+/// admits and runs the injected pod.
+pub async fn a_restricted_namespace_runs_the_injected_pod(c: Arc<Cluster>) -> Result<()> {
+    let namespace = "restricted";
+    kubectl_apply(
+        &c.node,
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n  labels:\n    \
+             pod-security.kubernetes.io/enforce: restricted\n"
+        ),
+    )
+    .await?;
+    kubectl_apply(&c.node, &example_app_in(namespace)?).await?;
+    let physical = ready_bucket(&c, namespace, "photos").await?;
+    let pod = ready_pod(&c, namespace, "app=photo-app").await?;
+    app_wrote_hello(&c, &pod, &physical).await
+}
+
+/// Follows the log of `container` in `pod` until it ends; its lines with
+/// the kubelet's timestamps.
+async fn follow_log(pods: Api<Pod>, pod: String, container: &str) -> Result<Vec<String>> {
+    let params = LogParams {
+        container: Some(container.to_owned()),
+        follow: true,
+        timestamps: true,
+        ..LogParams::default()
+    };
+    let stream = pods.log_stream(&pod, &params).await?;
+    Ok(stream.lines().try_collect().await?)
+}
+
+/// (d) Deleting the app's pod: the kubelet stops the app first; the app
+/// keeps using GCS while it drains and no request fails; the sidecar stops
+/// after it.
+pub async fn the_sidecar_outlives_the_app_at_pod_deletion(c: Arc<Cluster>) -> Result<()> {
+    let pod = ready_pod(&c, "staging", "app=photo-app").await?;
+    let name = pod.metadata.name.clone().context("pod without name")?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "staging");
+    let app_log = tokio::spawn(follow_log(pods.clone(), name.clone(), "app"));
+    let sidecar_log = tokio::spawn(follow_log(pods.clone(), name.clone(), "bucketmap-sidecar"));
+    // Let both streams attach before the pod goes.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pods.delete(&name, &DeleteParams::default()).await?;
+    let app = tokio::time::timeout(Duration::from_secs(120), app_log).await???;
+    let sidecar = tokio::time::timeout(Duration::from_secs(120), sidecar_log).await???;
+    let summary = app
+        .iter()
+        .rev()
+        .find(|l| l.contains("requests="))
+        .with_context(|| format!("the app logged no summary: {app:?}"))?;
+    ensure!(
+        summary.contains("failures=0"),
+        "the app saw failures: {summary}"
+    );
+    ensure!(
+        !summary.contains("drained=0 "),
+        "the app made no request while it drained: {summary}"
+    );
+    let last = |lines: &[String]| {
+        lines
+            .last()
+            .and_then(|l| l.split(' ').next())
+            .map(str::to_owned)
+    };
+    let (app_end, sidecar_end) = (last(&app), last(&sidecar));
+    ensure!(
+        app_end.is_some() && sidecar_end >= app_end,
+        "the sidecar's log ended at {sidecar_end:?}, the app's at {app_end:?}"
+    );
+    // The Deployment brings the app back for the scenarios after this one.
+    ready_pod(&c, "staging", "app=photo-app").await.map(drop)
+}
+
+/// (e) Deleting the operator pod that holds the Lease: the standby takes
+/// it, and a Gcs applied meanwhile becomes Ready.
+pub async fn the_standby_operator_takes_over(c: Arc<Cluster>) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), SYSTEM_NAMESPACE);
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    let leader = eventually("a leader", || async {
+        Ok(leases.get_opt("bucketmap-operator").await?.and_then(holder))
+    })
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), SYSTEM_NAMESPACE);
+    pods.delete(&leader, &DeleteParams::default()).await?;
+    kubectl_apply(
+        &c.node,
+        "apiVersion: storage.bucketmap.dev/v1alpha1\nkind: Gcs\n\
+         metadata: {name: failover, namespace: staging}\nspec: {bucketName: failover}\n",
+    )
+    .await?;
+    ready_bucket(&c, "staging", "failover").await?;
+    let successor = eventually("a new leader", || async {
+        let now = leases.get_opt("bucketmap-operator").await?.and_then(holder);
+        Ok(now.filter(|h| *h != leader))
+    })
+    .await?;
+    ensure!(
+        pods.get_opt(&successor).await?.is_some(),
+        "the new leader {successor} is no operator pod"
+    );
+    Ok(())
+}
+
+fn plain_pod(name: &str, inject: bool, host_network: bool) -> Result<Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": if inject { serde_json::json!({"bucketmap.dev/inject": "true"}) }
+                      else { serde_json::json!({}) },
+        },
+        "spec": {
+            "hostNetwork": host_network,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }))?)
+}
+
+/// (f) A pod without the label is admitted unchanged; a labelled
+/// hostNetwork pod is refused with the documented reason.
+pub async fn unlabelled_left_alone_host_network_refused(c: Arc<Cluster>) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "staging");
+    let plain = pods
+        .create(&PostParams::default(), &plain_pod("plain", false, false)?)
+        .await?;
+    let spec = plain.spec.context("pod without spec")?;
+    ensure!(
+        spec.init_containers.unwrap_or_default().is_empty(),
+        "a sidecar was injected"
+    );
+    ensure!(
+        spec.containers.len() == 1,
+        "containers: {:?}",
+        spec.containers
+    );
+    let refused = pods
+        .create(&PostParams::default(), &plain_pod("host", true, true)?)
+        .await;
+    let err = refused
+        .err()
+        .context("a labelled hostNetwork pod was admitted")?;
+    ensure!(
+        err.to_string().contains("hostNetwork"),
+        "refused for another reason: {err}"
+    );
+    pods.delete("plain", &DeleteParams::default()).await?;
+    Ok(())
+}
