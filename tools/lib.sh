@@ -32,6 +32,20 @@ pinned_version() {
   printf '%s\n' "$version"
 }
 
+# kubernetes_ldflags VERSION: the linker flags of a Kubernetes binary built
+# from the module: stripped, and stamped with VERSION the way the release
+# build does, so a server reports v1.34.x instead of v0.0.0-master.
+kubernetes_ldflags() {
+  local version=$1 minor pkg ldflags="-s -w"
+  minor="${version#v1.}"
+  minor="${minor%%.*}"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean"
+  done
+  printf '%s\n' "$ldflags"
+}
+
 # The cache every tool is built into.
 cache_root() {
   printf '%s\n' "${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}"

@@ -34,15 +34,8 @@ etcd_version="$(pinned_version go.etcd.io/etcd/server/v3)"
 assets="$(cache_root)/envtest/k8s-$k8s_version-etcd-$etcd_version"
 
 build() {
-  # Stamp the version the way the Kubernetes release build does, so the server
-  # reports v1.34.x instead of v0.0.0-master.
-  local k8s_minor="${k8s_version#v1.}"
-  k8s_minor="${k8s_minor%%.*}"
-  local ldflags="-s -w" pkg built
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
-    ldflags+=" -X $pkg.gitTreeState=clean"
-  done
+  local ldflags built
+  ldflags="$(kubernetes_ldflags "$k8s_version")"
   log "building kube-apiserver $k8s_version and etcd $etcd_version into $assets"
   log "(first run only; this takes several minutes and needs the Go module proxy or a warm module cache)"
   (cd "$tools_dir" && go build -trimpath -ldflags="$ldflags" -o "$1/" \

@@ -56,13 +56,8 @@ k8s_version="$(pinned_version k8s.io/kubernetes)"
 dest="$(cache_root)/node/k8s-$k8s_version"
 
 build() {
-  local k8s_minor="${k8s_version#v1.}"
-  k8s_minor="${k8s_minor%%.*}"
-  local ldflags="-s -w" pkg src
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
-    ldflags+=" -X $pkg.gitTreeState=clean"
-  done
+  local ldflags src
+  ldflags="$(kubernetes_ldflags "$k8s_version")"
   log "building the node components of Kubernetes $k8s_version into $dest"
   log "(first run only; this takes several minutes and needs the Go module proxy or a warm module cache)"
   (cd "$tools_dir" && go build -trimpath -ldflags="$ldflags" -o "$1/" \
