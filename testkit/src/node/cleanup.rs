@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 
-use super::layout::{Layout, NETNS};
+use super::layout::{CNI_NETWORK, CONTAINERD_NAMESPACE, Layout, NETNS};
 use super::netns::{ip, netns_path};
 
 /// The sysctls the kubelet sets for the whole machine when it starts
@@ -86,6 +86,7 @@ pub(crate) fn sweep(layout: &Layout) -> Result<()> {
     }
     remove_cgroups(layout)?;
     remove_container_log_links(layout)?;
+    remove_runtime_leftovers(layout)?;
     restore_sysctls(layout)?;
     if layout.dir.exists() {
         std::fs::remove_dir_all(&layout.dir)
@@ -196,6 +197,64 @@ fn unmount_under(dir: &Path) -> Result<()> {
             .status()
             .context("cannot run umount")?;
         anyhow::ensure!(status.success(), "cannot unmount {point}");
+    }
+    Ok(())
+}
+
+/// What containerd 1.6, runc, the CNI plugins and the kubelet keep at fixed
+/// paths of the machine, whatever their configuration says: runc's state
+/// and the shims' sockets under `/run/containerd` (for the node's tasks,
+/// named in its own state directory), the CNI results of the node's
+/// network in `/var/lib/cni/results`, and the kubelet's device-plugin
+/// socket. Another containerd's files are never touched.
+fn remove_runtime_leftovers(layout: &Layout) -> Result<()> {
+    use sha2::{Digest as _, Sha256};
+    let tasks = layout
+        .containerd_state()
+        .join("io.containerd.runtime.v2.task")
+        .join(CONTAINERD_NAMESPACE);
+    let ids: Vec<String> = std::fs::read_dir(&tasks)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let socket = layout.containerd_socket();
+    let mut stale = Vec::new();
+    for id in &ids {
+        stale.push(
+            Path::new("/run/containerd/runc")
+                .join(CONTAINERD_NAMESPACE)
+                .join(id),
+        );
+        // containerd names a shim's socket by the hash of its address,
+        // namespace and task id.
+        let key = socket.join(CONTAINERD_NAMESPACE).join(id);
+        let hash = Sha256::digest(key.as_os_str().as_encoded_bytes());
+        let name: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        stale.push(Path::new("/run/containerd/s").join(name));
+    }
+    let prefix = format!("{CNI_NETWORK}-");
+    if let Ok(results) = std::fs::read_dir("/var/lib/cni/results") {
+        stale.extend(
+            results
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path()),
+        );
+    }
+    stale.push(PathBuf::from(
+        "/var/lib/kubelet/device-plugins/kubelet.sock",
+    ));
+    for path in stale {
+        let removed = match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
+            Ok(_) => std::fs::remove_file(&path),
+            Err(_) => continue,
+        };
+        removed.with_context(|| format!("cannot remove {}", path.display()))?;
     }
     Ok(())
 }

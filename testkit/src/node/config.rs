@@ -9,7 +9,8 @@ use anyhow::{Context as _, Result};
 use base64::Engine as _;
 
 use super::layout::{
-    API_PORT, CLUSTER_DOMAIN, Layout, NODE_IP, NODE_NAME, POD_GATEWAY, POD_SUBNET, SANDBOX_IMAGE,
+    API_PORT, CLUSTER_DOMAIN, CNI_NETWORK, Layout, NODE_IP, NODE_NAME, POD_GATEWAY, POD_SUBNET,
+    SANDBOX_IMAGE,
 };
 
 /// containerd with its CRI plugin, state under the layout's directories.
@@ -53,7 +54,7 @@ state = "{state}"
 pub(crate) fn cni(layout: &Layout) -> String {
     serde_json::json!({
         "cniVersion": "0.4.0",
-        "name": "bucketmap-node",
+        "name": CNI_NETWORK,
         "plugins": [
             {
                 "type": "bridge",

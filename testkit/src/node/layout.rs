@@ -26,6 +26,8 @@ pub const API_SERVICE_IP: &str = "10.96.0.1";
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// The sandbox image containerd starts for every pod.
 pub const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10";
+/// The CNI network's name (its results are kept under this prefix).
+pub const CNI_NETWORK: &str = "bucketmap-node";
 /// containerd's namespace for the CRI plugin's images and containers.
 pub const CONTAINERD_NAMESPACE: &str = "k8s.io";
 
