@@ -5,8 +5,8 @@
 //! hyper-util's pooled client, used before, serves any number of origins:
 //! every request hashed its origin (SipHash, three times), checked a
 //! connection out of a map of pools and back in, and ran a few futures
-//! around it; about 8,000 instructions per proxied request, a fifth of a
-//! bare hyper relay's (docs/BENCHMARKS.md). The sidecar has a single
+//! around it, on every proxied request, for origins the sidecar never has
+//! (what that cost: docs/BENCHMARKS.md). The sidecar has a single
 //! upstream, so its pool is a list: a checkout takes the most recently used
 //! connection that is ready (LIFO keeps the warm ones warm), a connection
 //! goes back on the list as soon as its response head arrives and is ready
@@ -36,19 +36,17 @@ use crate::config::UpstreamHttp;
 use crate::layers::{BorrowingBoxFuture, BoxFuture};
 
 /// Each upstream TLS connection's buffer of records not yet written to its
-/// socket, in bytes. rustls's default is 64 KiB, which 64 concurrent
-/// uploads to a TLS upstream over HTTP/1.1 (64 connections) can fill at
-/// once. At 32 KiB their peak RSS fell from 20.5 to 19.8 MiB with
-/// single-stream TLS uploads as fast as before (1,346 against 1,340 MiB/s);
-/// at 16 KiB, 19.5 MiB but 6-10 % slower uploads: docs/BENCHMARKS.md.
+/// socket, in bytes. rustls's default is 64 KiB, which many concurrent
+/// uploads to a TLS upstream over HTTP/1.1 (a connection each) can fill at
+/// once. Half of it lowers the sidecar's peak memory under such a load
+/// without slowing a single upload; a quarter slows uploads down.
 const TLS_SEND_BUFFER: usize = 32 * 1024;
 
 /// hyper lets each upstream connection's read buffer grow to ~400 KiB;
-/// with many concurrent streams that dominates the sidecar's memory. At
-/// 32 KiB, 64 concurrent streams peak at 19.4 MiB (plain upstream) and
-/// 21.4 MiB (TLS, HTTP/1.1), against 21.3 and 23.8 MiB at 64 KiB, for
-/// single-stream TLS downloads of 787 against 906 MiB/s (16 KiB: 621
-/// MiB/s): docs/BENCHMARKS.md.
+/// with many concurrent streams that dominates the sidecar's memory. This
+/// cap keeps the peak of concurrent streams under the sidecar's memory
+/// target at a small cost in single-stream download speed; a smaller one
+/// costs downloads much more (the figures: docs/BENCHMARKS.md).
 const HTTP1_MAX_BUF: usize = 32 * 1024;
 
 /// hyper-rustls's connector, with each TLS connection's send buffer capped
@@ -357,7 +355,7 @@ impl UpstreamClient {
     /// A new connection: TCP, TLS, then the HTTP handshake of the version
     /// asked for or picked by ALPN. Its task runs on the runtime.
     ///
-    /// Boxed: connecting is rare, and its state (TCP and TLS, about 6 KiB)
+    /// Boxed: connecting is rare, and its state (TCP and TLS, several KiB)
     /// would otherwise be part of every request's future, copied with it.
     fn connect(&self) -> BorrowingBoxFuture<'_, Result<Checkout, CallError>> {
         Box::pin(self.open_connection())
@@ -622,7 +620,7 @@ mod tests {
 
     /// Every request's future holds `send`'s: connecting (TCP and TLS,
     /// several KiB of state) is boxed apart, so that it is not copied with
-    /// each request. Unboxed, this future measured 7,296 bytes.
+    /// each request. Unboxed, this future would hold that state too.
     #[tokio::test]
     async fn a_request_future_does_not_carry_the_state_of_connecting() {
         let upstream = Counting::start(false, None).await;

@@ -180,9 +180,9 @@ pub(crate) fn sidecar_bin() -> PathBuf {
 /// Builds the sidecar as the image ships it (`tools/pgo/build.sh`: the
 /// `dist-sidecar` profile, optimised with the profile of its training
 /// run), unless `BUCKETMAP_BENCH_SIDECAR_BIN` names a build: cargo's bench
-/// build unwinds on a panic and has no profile, and runs about a quarter
-/// more instructions per request (docs/BENCHMARKS.md). Its path is in
-/// [`SHIPPED`].
+/// build unwinds on a panic and has no profile, so it would measure code
+/// the image does not ship (docs/BENCHMARKS.md: what the profile is
+/// worth). Its path is in [`SHIPPED`].
 fn build_shipped_sidecar() -> Result<()> {
     if std::env::var_os(SIDECAR_BIN_ENV).is_some() {
         return Ok(());
@@ -740,8 +740,9 @@ fn address_randomisation_off() -> Option<bool> {
 /// Runs the bench again under `setarch ARCH -R`, so that it and every
 /// process it starts (the proxies, the upstreams) run without address-space
 /// randomisation, and answers with that run's exit code. With it on, two
-/// processes of one binary differ by 5–10 % in CPU per request; with it
-/// off they measured the same (docs/BENCHMARKS.md, 2026-12-03). `None`
+/// processes of one binary differ in CPU per request by more than the
+/// differences the bench is there to show (their code, heap and stacks land
+/// at different addresses); with it off they do not. `None`
 /// (run here) when randomisation is already off, was asked for, cannot be
 /// read, or `setarch` cannot run; the report then says it was on.
 fn rerun_without_address_randomisation() -> Option<std::process::ExitCode> {

@@ -18,8 +18,8 @@
 //! Layers below [`record`] answer with an [`Answer`]: the response, its
 //! operation label and, for answers the sidecar gave itself, [`Rejected`].
 //! A field rather than the response's extensions: an extension costs three
-//! allocations per request (the map, its table, the boxed value), about
-//! 1,000 instructions on a proxied metadata request (docs/BENCHMARKS.md).
+//! allocations per request (the map, its table, the boxed value), on the
+//! path every proxied request takes.
 
 pub mod admin;
 pub mod credentials;

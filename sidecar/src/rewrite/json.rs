@@ -249,9 +249,9 @@ fn acl_members(obj: &mut Object<'_>, tr: &Translator<'_>) -> Result<(), ApiError
 
 /// One member of an object (`object`) or of an access control entry, which
 /// has the object's `bucket`, `id` and `selfLink`; see
-/// [`Object::each_member`] for the arguments. One `match` for every member:
-/// inlined, as a second function per member would cost about 600
-/// instructions per object response (callgrind).
+/// [`Object::each_member`] for the arguments. One `match` for every member,
+/// inlined: a second function call per member adds up over the many
+/// members of an object resource, on every metadata response.
 #[inline(always)]
 fn object_or_acl_member(
     key: &str,
