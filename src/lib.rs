@@ -102,9 +102,10 @@ pub enum Error {
     /// A namespace could not be read from the API server.
     #[error("{0}")]
     NamespaceRead(String),
-    /// Adding or removing the finalizer failed.
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// Another writer changed the object between our read and our write:
+    /// expected now and then, retried quietly.
+    #[error("conflict: {0}")]
+    Conflict(String),
 }
 
 impl Error {
@@ -117,7 +118,21 @@ impl Error {
             Error::MissingField(_) => "missing_field".into(),
             Error::Publish(_) => "publish".into(),
             Error::BindingNotOwned(_) => "binding_not_owned".into(),
-            Error::Finalizer(_) => "finalizer".into(),
+            Error::Conflict(_) => "conflict".into(),
+        }
+    }
+
+    /// Whether this is a conflict with another writer that a retry
+    /// resolves (our own `test` patch, or an API server 409): logged at
+    /// debug level and not counted as a failed reconcile.
+    pub fn is_expected_conflict(&self) -> bool {
+        match self {
+            Error::Conflict(_) => true,
+            Error::Kube {
+                source: kube::Error::Api(status),
+                ..
+            } => status.code == 409,
+            _ => false,
         }
     }
 

@@ -43,6 +43,9 @@ pub struct Metrics {
     registry: Registry,
     reconciles: Counter,
     failures: Family<ErrorLabels, Counter>,
+    conflicts: Counter,
+    /// All failures (the sum of `failures`, which has no iterator); not exported.
+    failed: Counter,
     reconcile_duration: Histogram,
     gcs_calls: Family<GcsCallLabels, Counter>,
     gcs_duration: Family<MethodLabels, Histogram>,
@@ -60,6 +63,12 @@ impl Default for Metrics {
         let reconciles = Counter::default();
         let failures = Family::<ErrorLabels, Counter>::default();
         let reconcile_duration = latency_histogram();
+        let conflicts = Counter::default();
+        registry.register(
+            "reconcile_conflicts",
+            "Reconciliations that met a conflict with another writer and were retried",
+            conflicts.clone(),
+        );
         let gcs_calls = Family::<GcsCallLabels, Counter>::default();
         let gcs_duration = Family::<MethodLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
@@ -103,6 +112,8 @@ impl Default for Metrics {
             events_dropped,
             reconciles,
             failures,
+            conflicts,
+            failed: Counter::default(),
             reconcile_duration,
             gcs_calls,
             gcs_duration,
@@ -122,11 +133,27 @@ impl Metrics {
 
     /// Counts a failed reconcile by its error label.
     pub fn reconcile_failed(&self, error: &str) {
+        self.failed.inc();
         self.failures
             .get_or_create(&ErrorLabels {
                 error: error.to_owned(),
             })
             .inc();
+    }
+
+    /// Counts a reconcile that met an expected conflict (retried quietly).
+    pub fn reconcile_conflict(&self) {
+        self.conflicts.inc();
+    }
+
+    /// Failed reconciles so far, over all errors.
+    pub fn reconcile_failure_count(&self) -> u64 {
+        self.failed.get()
+    }
+
+    /// Reconciles that met an expected conflict so far.
+    pub fn reconcile_conflict_count(&self) -> u64 {
+        self.conflicts.get()
     }
 
     /// Counts one write of a bucket map by its result.

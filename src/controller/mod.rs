@@ -15,6 +15,7 @@
 mod access;
 mod apply;
 mod cleanup;
+mod finalizer;
 mod namespaces;
 mod status;
 mod watches;
@@ -29,13 +30,12 @@ use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
-use tracing::{instrument, warn};
+use tracing::{debug, instrument, warn};
 
 use crate::bucket_map::{self, BucketMaps};
-use crate::crd::{FINALIZER, Gcs};
+use crate::crd::Gcs;
 use crate::gcs::{GcsClient, Pacer};
 use crate::iam::WorkloadIdentity;
 use crate::metrics::Metrics;
@@ -140,20 +140,17 @@ pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
     let mut slot = ctx.slots.acquire().await?;
     let mut status = status::StatusWriter::new(&obj, &ctx);
     let (writer, context, held) = (&mut status, &*ctx, &mut slot);
-    let result = finalizer(&api, FINALIZER, obj.clone(), move |event| async move {
+    let result = finalizer::finalizer(&api, obj.clone(), move |event| async move {
         match event {
-            Finalizer::Apply(g) => apply::apply(g, context, writer, held).await,
+            finalizer::Event::Apply(g) => apply::apply(g, context, writer, held).await,
             // Boxed: see `apply` (a reconcile's future is as large as its
             // largest branch for its whole life).
-            Finalizer::Cleanup(g) => Box::pin(cleanup::cleanup(g, context, writer, held)).await,
+            finalizer::Event::Cleanup(g) => {
+                Box::pin(cleanup::cleanup(g, context, writer, held)).await
+            }
         }
     })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(Box::new(other)),
-    });
+    .await;
     match &result {
         Ok(_) => ctx.failures.forget(&ObjectRef::from_obj(&*obj)),
         Err(e) => Box::pin(status::report_failure(&obj, &ctx, &mut status, e)).await,
@@ -162,11 +159,18 @@ pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
 }
 
 /// Backoff after a failed reconcile: exponential per object, capped.
+/// An expected conflict with another writer is retried quietly: logged at
+/// debug level and counted apart from failures.
 pub fn error_policy(obj: Arc<Gcs>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_failed(&error.metric_label());
     let failures = ctx.failures.record(ObjectRef::from_obj(&*obj));
     let delay = backoff(error, failures);
-    warn!(gcs = %obj.name_any(), error = %error, retry_in = ?delay, "reconcile failed");
+    if error.is_expected_conflict() {
+        ctx.metrics.reconcile_conflict();
+        debug!(gcs = %obj.name_any(), error = %error, retry_in = ?delay, "conflict; retrying");
+    } else {
+        ctx.metrics.reconcile_failed(&error.metric_label());
+        warn!(gcs = %obj.name_any(), error = %error, retry_in = ?delay, "reconcile failed");
+    }
     Action::requeue(jitter(delay))
 }
 
