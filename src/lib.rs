@@ -27,6 +27,7 @@ pub mod iam;
 pub mod leader;
 pub mod metrics;
 pub mod naming;
+pub mod permissions;
 pub mod publish;
 pub mod settings;
 pub mod slots;
