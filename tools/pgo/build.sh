@@ -2,8 +2,8 @@
 # Builds bucketmap-sidecar as the image ships it: the `dist-sidecar` profile
 # (Cargo.toml), optimised with the profile of its own training run,
 # sidecar/pgo/sidecar.profdata (profile-guided optimisation: LLVM lays out
-# and inlines the code by how often each branch ran; 20 % fewer
-# instructions per proxied metadata request, docs/BENCHMARKS.md).
+# and inlines the code by how often each branch ran; what that is worth:
+# docs/BENCHMARKS.md).
 #
 # Prints, as the last line of stdout, the path of the binary. Further
 # arguments go to `cargo build` (the bench adds --message-format). The
