@@ -156,6 +156,15 @@ pub struct OperatorArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
+    /// On SIGTERM, how long /readyz reports not ready while the webhook
+    /// still accepts requests, so that the API server stops sending them
+    /// here before the listener closes.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    shutdown_delay: Duration,
+    /// After the webhook stops accepting, how long admission requests in
+    /// flight may take to finish before their connections are closed.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    webhook_drain_timeout: Duration,
 }
 
 fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
@@ -198,8 +207,27 @@ async fn shutdown_signal() {
     tracing::info!(signal, "shutting down");
 }
 
+/// Resolves once the process was asked to stop (see [`stopping`]).
+async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// On SIGTERM or ctrl-c: readiness turns false first, then `stopping`
+/// turns true for everything that stops.
+fn stopping(health: Health) -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        health.set_ready(false);
+        let _ = tx.send(true);
+    });
+    rx
+}
+
 /// Runs the operator until SIGTERM or ctrl-c (as the leader only, with
-/// `--leader-elect`), serving metrics and probes, and the webhook when asked.
+/// `--leader-elect`), serving metrics and probes, and the webhook when
+/// asked; on the signal, the webhook drains its requests in flight before
+/// the process ends.
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
@@ -207,19 +235,44 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let gcs = GcsClient::connect(&args.gcs.config(), metrics.clone()).await?;
     let health = Health::new(metrics.clone());
+    let stop = stopping(health.clone());
     let server = tokio::spawn(metrics::serve(
         args.metrics_addr,
         health.clone(),
-        shutdown_signal(),
+        std::future::pending(),
     ));
     let config = operator_config(&args, cluster_identity(&args, &client).await?);
-    if let Some(addr) = args.webhook_addr {
-        start_webhook(&args, &client, addr).await?;
+    let webhook = match args.webhook_addr {
+        Some(addr) => Some(start_webhook(&args, &client, addr, stop.clone()).await?),
+        None => None,
+    };
+    let result = run_operator(&args, client, gcs, metrics, config, &health, stop).await;
+    health.set_ready(false);
+    if let Some(webhook) = webhook {
+        match webhook.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %format!("{e:#}"), "webhook server stopped"),
+            Err(e) => tracing::error!(error = %e, "the webhook task panicked"),
+        }
     }
+    server.abort();
+    result
+}
+
+/// The controller until `stop`: as the leader only with `--leader-elect`.
+async fn run_operator(
+    args: &OperatorArgs,
+    client: kube::Client,
+    gcs: GcsClient,
+    metrics: Arc<Metrics>,
+    config: OperatorConfig,
+    health: &Health,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let ready = health.clone();
     let operator = {
         let client = client.clone();
-        move |stop: tokio::sync::oneshot::Receiver<()>| {
+        move |halt: tokio::sync::oneshot::Receiver<()>| {
             controller::run(
                 client,
                 gcs,
@@ -227,36 +280,32 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 config,
                 move || ready.set_ready(true),
                 async {
-                    let _ = stop.await;
+                    let _ = halt.await;
                 },
             )
         }
     };
-    let result = if args.leader_elect {
-        let election = leader_election(&args);
-        // A standby is healthy and ready to take over.
-        let standby = health.clone();
-        leader::run_while_leader(
-            client,
-            &election,
-            shutdown_signal(),
-            move || standby.set_ready(true),
-            |stop| {
-                health.set_ready(false);
-                operator(stop)
-            },
-        )
-        .await
-    } else {
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let run = tokio::spawn(operator(stopped));
-        shutdown_signal().await;
-        let _ = stop.send(());
-        run.await.context("the operator task panicked")
-    };
-    health.set_ready(false);
-    server.abort();
-    result
+    if !args.leader_elect {
+        let (halt, halted) = tokio::sync::oneshot::channel();
+        let run = tokio::spawn(operator(halted));
+        stopped(stop).await;
+        let _ = halt.send(());
+        return run.await.context("the operator task panicked");
+    }
+    let election = leader_election(args);
+    // A standby is healthy and ready to take over.
+    let (standby, leading) = (health.clone(), health.clone());
+    leader::run_while_leader(
+        client,
+        &election,
+        stopped(stop),
+        move || standby.set_ready(true),
+        |halt| {
+            leading.set_ready(false);
+            operator(halt)
+        },
+    )
+    .await
 }
 
 /// The cluster identity (given, or stored in the operator's namespace),
@@ -286,41 +335,23 @@ fn leader_election(args: &OperatorArgs) -> LeaderElection {
     }
 }
 
-/// Starts the pod injection webhook (on every replica, leader or not).
+/// Starts the admission webhooks (on every replica, leader or not). On
+/// `stop` (readiness is false by then) they keep serving for
+/// `--shutdown-delay`, stop accepting, and drain for at most
+/// `--webhook-drain-timeout`.
 async fn start_webhook(
     args: &OperatorArgs,
     client: &kube::Client,
     addr: SocketAddr,
-) -> anyhow::Result<()> {
-    use crate::webhook::{self, InjectionConfig, tls::CertSource};
-    let source = match &args.webhook_cert_dir {
-        Some(dir) => CertSource::Files(dir.clone()),
-        None => {
-            let ns = &args.leader_election_namespace;
-            let svc = &args.webhook_service;
-            let hosts = if args.webhook_hosts.is_empty() {
-                vec![
-                    format!("{svc}.{ns}.svc"),
-                    format!("{svc}.{ns}.svc.cluster.local"),
-                ]
-            } else {
-                args.webhook_hosts.clone()
-            };
-            CertSource::SelfManaged {
-                client: client.clone(),
-                namespace: ns.clone(),
-                secret: args.webhook_secret.clone(),
-                hosts,
-                webhook_config: args.webhook_config_name.clone(),
-            }
-        }
-    };
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    use crate::webhook::{self, InjectionConfig};
     anyhow::ensure!(
         args.sidecar_admin_port != args.sidecar_port,
         "--sidecar-admin-port and --sidecar-port must differ (both are {})",
         args.sidecar_port
     );
-    let certs = webhook::tls::start(source, Duration::from_secs(60)).await?;
+    let certs = webhook::tls::start(cert_source(args, client), Duration::from_secs(60)).await?;
     let cfg = InjectionConfig {
         sidecar_image: args.sidecar_image.clone(),
         port: args.sidecar_port,
@@ -328,13 +359,42 @@ async fn start_webhook(
         map_name: args.map_name.clone(),
         extra_args: args.sidecar_args.clone(),
     };
-    let watched = args.namespace.clone();
-    tokio::spawn(async move {
-        if let Err(e) = webhook::serve(addr, certs, cfg, watched, shutdown_signal()).await {
-            tracing::error!(error = %format!("{e:#}"), "webhook server stopped");
-        }
-    });
-    Ok(())
+    let watched = args.namespace.clone().map(|ns| vec![ns]);
+    let delay = args.shutdown_delay;
+    let shutdown = async move {
+        stopped(stop).await;
+        tokio::time::sleep(delay).await;
+    };
+    let drain = args.webhook_drain_timeout;
+    Ok(tokio::spawn(webhook::serve(
+        addr, certs, cfg, watched, shutdown, drain,
+    )))
+}
+
+/// Where the webhook's certificate comes from: `--webhook-cert-dir`, else
+/// the Secret the operator manages in its namespace.
+fn cert_source(args: &OperatorArgs, client: &kube::Client) -> crate::webhook::tls::CertSource {
+    use crate::webhook::tls::CertSource;
+    if let Some(dir) = &args.webhook_cert_dir {
+        return CertSource::Files(dir.clone());
+    }
+    let ns = &args.leader_election_namespace;
+    let svc = &args.webhook_service;
+    let hosts = if args.webhook_hosts.is_empty() {
+        vec![
+            format!("{svc}.{ns}.svc"),
+            format!("{svc}.{ns}.svc.cluster.local"),
+        ]
+    } else {
+        args.webhook_hosts.clone()
+    };
+    CertSource::SelfManaged {
+        client: client.clone(),
+        namespace: ns.clone(),
+        secret: args.webhook_secret.clone(),
+        hosts,
+        webhook_config: args.webhook_config_name.clone(),
+    }
 }
 
 /// This replica's identity in the lease: the pod name, else host name and pid.

@@ -136,6 +136,8 @@ async fn an_almost_expired_certificate_is_renewed_without_a_failed_admission() -
         async move {
             let _ = stopped.await;
         },
+        // The drain after `stop`: this test waits for no request.
+        std::time::Duration::from_secs(10),
     ));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let (first_ca, first_not_after) = secret_state(&secrets).await?;

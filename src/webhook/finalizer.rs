@@ -11,7 +11,7 @@
 //! finalizer on create, and a controller adds it to those created without.
 //! The webhook never refuses a resource and changes nothing but the list of
 //! finalizers, and only of resources the operator reconciles (all
-//! namespaces, or the one `--namespace` names).
+//! namespaces, or those `--watch-namespaces` names).
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionResponse, AdmissionReview, Operation};
@@ -21,11 +21,12 @@ use crate::crd::FINALIZER;
 
 /// Answers one AdmissionReview for a `Gcs`: on create, adds [`FINALIZER`]
 /// unless the resource already has it; anything else is admitted unchanged.
-/// When the operator watches only `watched` (`--namespace`), resources of
-/// other namespaces are left alone: nobody would remove their finalizer.
+/// When the operator watches only the `watched` namespaces
+/// (`--watch-namespaces`), resources of other namespaces are left alone:
+/// nobody would remove their finalizer.
 pub fn review(
     review: AdmissionReview<DynamicObject>,
-    watched: Option<&str>,
+    watched: Option<&[String]>,
 ) -> AdmissionReview<DynamicObject> {
     let request = match super::admission_request(review) {
         Ok(r) => r,
@@ -36,7 +37,12 @@ pub fn review(
         .object
         .as_ref()
         .map(|o| o.metadata.finalizers.as_deref().unwrap_or_default());
-    let ours = watched.is_none_or(|ns| request.namespace.as_deref() == Some(ns));
+    let ours = watched.is_none_or(|namespaces| {
+        request
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| namespaces.contains(ns))
+    });
     let patch = match (&request.operation, finalizers) {
         (Operation::Create, Some(finalizers)) if ours => patch(finalizers),
         _ => None,
@@ -105,7 +111,7 @@ mod tests {
 
     fn admitted_watching(
         review: AdmissionReview<DynamicObject>,
-        watched: Option<&str>,
+        watched: Option<&[String]>,
     ) -> (bool, serde_json::Value) {
         let request: AdmissionRequest<DynamicObject> =
             review.clone().try_into().expect("a request");
@@ -151,11 +157,12 @@ mod tests {
     #[test]
     fn a_resource_outside_the_watched_namespace_is_left_alone() {
         let meta = serde_json::json!({"name": "photos"});
-        let (allowed, theirs) =
-            admitted_watching(admission("CREATE", meta.clone()), Some("team-b"));
+        let others = ["team-b".to_owned(), "team-c".to_owned()];
+        let (allowed, theirs) = admitted_watching(admission("CREATE", meta.clone()), Some(&others));
         assert!(allowed);
         assert!(theirs.get("finalizers").is_none(), "{theirs}");
-        let (_, ours) = admitted_watching(admission("CREATE", meta), Some("team-a"));
+        let ours = ["team-b".to_owned(), "team-a".to_owned()];
+        let (_, ours) = admitted_watching(admission("CREATE", meta), Some(&ours));
         assert_eq!(ours["finalizers"], serde_json::json!([FINALIZER]));
     }
 

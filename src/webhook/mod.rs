@@ -15,6 +15,7 @@ pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Json;
@@ -23,7 +24,7 @@ use axum::routing::post;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use inject::InjectionConfig;
 use tls::CertResolver;
@@ -90,7 +91,7 @@ pub fn review(
 }
 
 async fn mutate_gcs(
-    State(watched): State<Arc<Option<String>>>,
+    State(watched): State<Arc<Option<Vec<String>>>>,
     Json(body): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     Json(finalizer::review(body, watched.as_deref()))
@@ -103,14 +104,17 @@ async fn mutate_pods(
     Json(review(body, &cfg))
 }
 
-/// Serves the webhooks over TLS on `addr` until `shutdown`. The finalizer
-/// is set only in `watched_namespace` when the operator watches only one.
+/// Serves the webhooks over TLS on `addr` until `shutdown`, then stops
+/// accepting connections and lets the requests in flight finish, for at
+/// most `drain` (connections still open then are closed). The finalizer
+/// is set only in `watched` namespaces when the operator watches only some.
 pub async fn serve(
     addr: SocketAddr,
     certs: Arc<CertResolver>,
     cfg: InjectionConfig,
-    watched_namespace: Option<String>,
+    watched: Option<Vec<String>>,
     shutdown: impl std::future::Future<Output = ()>,
+    drain: Duration,
 ) -> anyhow::Result<()> {
     let mut tls = rustls::ServerConfig::builder()
         .with_no_client_auth()
@@ -121,17 +125,21 @@ pub async fn serve(
         .route("/mutate-pods", post(mutate_pods))
         .route(
             "/mutate-gcs",
-            post(mutate_gcs).with_state(Arc::new(watched_namespace)),
+            post(mutate_gcs).with_state(Arc::new(watched)),
         )
         .with_state(Arc::new(cfg));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for the webhook"))?;
     info!(%addr, "serving the admission webhooks");
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => break,
+            // Reap finished connections as they go.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -140,25 +148,89 @@ pub async fn serve(
                 }
             },
         };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(%peer, error = %e, "webhook TLS handshake failed");
-                    return;
-                }
-            };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            if let Err(e) = builder
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await
-            {
-                warn!(%peer, error = %e, "webhook connection failed");
+        let connection = serve_connection(acceptor.clone(), app.clone(), stream, stopping.clone());
+        connections.spawn(async move { connection.await.log(peer) });
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    drain_connections(connections, drain).await;
+    Ok(())
+}
+
+/// Waits for the connections to finish their requests, for at most `drain`.
+async fn drain_connections(mut connections: tokio::task::JoinSet<()>, drain: Duration) {
+    let open = connections.len();
+    info!(
+        open,
+        ?drain,
+        "webhook stopped accepting; draining requests in flight"
+    );
+    let drained = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            open = connections.len(),
+            "webhook connections still open after the drain timeout; closing them"
+        );
+        connections.shutdown().await;
+    } else {
+        info!("webhook drained");
+    }
+}
+
+/// How a webhook connection ended.
+enum Ended {
+    Done,
+    Handshake(std::io::Error),
+    Failed(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl Ended {
+    fn log(self, peer: SocketAddr) {
+        match self {
+            Ended::Done => {}
+            // A TCP probe (a load balancer's, a test's) connects and leaves.
+            Ended::Handshake(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                debug!(%peer, error = %e, "webhook connection closed before the TLS handshake");
             }
-        });
+            Ended::Handshake(e) => warn!(%peer, error = %e, "webhook TLS handshake failed"),
+            Ended::Failed(e) => warn!(%peer, error = %e, "webhook connection failed"),
+        }
+    }
+}
+
+/// Serves one connection; once `stopping` turns true, finishes the
+/// request in flight and closes (HTTP/1: no keep-alive; HTTP/2: GOAWAY).
+async fn serve_connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: axum::Router,
+    stream: tokio::net::TcpStream,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> Ended {
+    let stream = match acceptor.accept(stream).await {
+        Ok(s) => s,
+        Err(e) => return Ended::Handshake(e),
+    };
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let stop = async move {
+        // The guard `wait_for` returns is not `Send`: drop it at once.
+        let _ = stopping.wait_for(|stop| *stop).await.map(|_| ());
+    };
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = stop => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    match result {
+        Ok(()) => Ended::Done,
+        Err(e) => Ended::Failed(e),
     }
 }
