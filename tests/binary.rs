@@ -90,11 +90,11 @@ fn crd_command_prints_the_checked_in_crd() -> TestResult {
         .output()?;
     assert!(out.status.success());
     let checked_in =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml"))?;
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/crd.yaml"))?;
     assert_eq!(
         String::from_utf8(out.stdout)?,
         checked_in,
-        "deploy/crd.yaml is stale: run `cargo run -- crd > deploy/crd.yaml`"
+        "deploy/crd/crd.yaml is stale: run `cargo dev crd`"
     );
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! `deploy/` as a user installs it: the kustomize base is accepted by the
-//! API server, and its least-privilege RBAC is enough for the operator to do
-//! its whole job (it runs here as the base's ServiceAccount).
+//! `deploy/crd/` and `deploy/` as a user installs them: the kustomize bases
+//! are accepted by the API server, and their least-privilege RBAC is enough
+//! for the operator to do its whole job (it runs here as the base's
+//! ServiceAccount).
 
 // Scenarios and tables of cases read top to bottom; the one-screen rule
 // for functions is for product code (CONTRIBUTING.md).
@@ -43,14 +44,20 @@ fn impersonating_kubeconfig(
 #[tokio::test]
 async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() -> TestResult {
     let f = Fixture::new().await?;
-    let base = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
-    let rendered = f.kubectl(&["kustomize", base]).await?;
-    assert!(
-        rendered.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rendered.stderr)
-    );
-    let manifest = String::from_utf8(rendered.stdout)?;
+    // Both bases, as the README installs them: the CRD and the namespace
+    // (deploy/crd/), then the operator (deploy/).
+    let mut manifest = String::new();
+    for base in ["/deploy/crd", "/deploy"] {
+        let base = format!("{}{base}", env!("CARGO_MANIFEST_DIR"));
+        let rendered = f.kubectl(&["kustomize", &base]).await?;
+        assert!(
+            rendered.status.success(),
+            "{}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+        manifest.push_str(&String::from_utf8(rendered.stdout)?);
+        manifest.push_str("---\n");
+    }
     for kind in [
         "Namespace",
         "CustomResourceDefinition",

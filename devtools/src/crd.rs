@@ -1,6 +1,8 @@
 //! `cargo dev crd`: the CRD generated from the Rust types (`bucketmap crd`)
-//! written to both checked-in copies, `deploy/crd.yaml` (kubectl/kustomize)
-//! and the Helm chart's `crds/gcs.yaml`, or checked against them.
+//! written to both checked-in copies, `deploy/crd/crd.yaml` (kubectl/kustomize)
+//! and the Helm chart's `files/crd.yaml` (which its template
+//! `templates/crd.yaml` renders, so that `helm upgrade` updates the CRD), or
+//! checked against them.
 
 use std::path::PathBuf;
 
@@ -10,7 +12,10 @@ use kube::CustomResourceExt as _;
 use bucketmap::crd::Gcs;
 
 /// The checked-in copies of the CRD, relative to the repository root.
-pub const COPIES: [&str; 2] = ["deploy/crd.yaml", "deploy/chart/bucketmap/crds/gcs.yaml"];
+pub const COPIES: [&str; 2] = [
+    "deploy/crd/crd.yaml",
+    "deploy/chart/bucketmap/files/crd.yaml",
+];
 
 /// Options of `cargo dev crd`.
 #[derive(Debug, Clone, clap::Args)]

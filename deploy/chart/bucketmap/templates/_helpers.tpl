@@ -25,3 +25,26 @@ then @digest when one is given (the digest decides what runs).
 app.kubernetes.io/name: bucketmap
 app.kubernetes.io/component: operator
 {{- end -}}
+
+{{/*
+The operator pods' default affinity: replicas prefer different nodes, then
+different zones, so that one node or zone going away leaves a replica to
+serve the webhook. Preferred, not required: a single-node (or single-zone)
+cluster still runs every replica. deploy/operator.yaml has the same.
+*/}}
+{{- define "bucketmap.defaultAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "bucketmap.selectorLabels" . | nindent 12 }}
+    - weight: 50
+      podAffinityTerm:
+        topologyKey: topology.kubernetes.io/zone
+        labelSelector:
+          matchLabels:
+            {{- include "bucketmap.selectorLabels" . | nindent 12 }}
+{{- end -}}

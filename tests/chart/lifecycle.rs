@@ -1,0 +1,375 @@
+//! The chart's life on a real API server: installed at its previous
+//! version, `Gcs` resources in place, upgraded as docs/UPGRADING.md says,
+//! uninstalled and installed again, with the CRD and every `Gcs` kept
+//! throughout (same uids); and what the webhooks do while no operator
+//! replica serves them (the API server here runs no pods), as the README
+//! says.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+use super::{
+    CRD_NAME, NAMESPACE, RELEASE, ROOT, TestResult, chart_dir, helm, kubeconfig_arg, kubectl,
+    kubectl_ok, path_str, run,
+};
+
+/// The chart version this one upgrades from (`helm upgrade` from it is
+/// tested), and the commit that holds it as its users installed it: the
+/// last one before the 0.2.0 work moved its CRD out of `crds/` (the commit
+/// after it carried those moves while Chart.yaml still said 0.1.0, so
+/// "the last commit at 0.1.0" would name a chart that never was). Raise both
+/// with each chart release.
+const PREVIOUS_VERSION: &str = "0.1.0";
+const PREVIOUS_COMMIT: &str = "a399e8bb0d747cf3c945991f72fc41a69f9209e0";
+const CHART_YAML: &str = "deploy/chart/bucketmap/Chart.yaml";
+/// The namespace of the applications' `Gcs` resources and pods.
+const APPS: &str = "apps";
+/// The `Gcs` resources that must survive everything, by name.
+const KEPT: [&str; 3] = ["photos", "logs", "backups"];
+
+/// `git -C ROOT args…`; its stdout.
+async fn git(args: &[&str]) -> anyhow::Result<String> {
+    let mut full = vec!["-C", ROOT];
+    full.extend_from_slice(args);
+    run("git", &full).await
+}
+
+/// The `version` of a Chart.yaml's text.
+fn chart_version(text: &str) -> anyhow::Result<String> {
+    let chart: serde_yaml::Value = serde_yaml::from_str(text)?;
+    chart["version"]
+        .as_str()
+        .map(str::to_owned)
+        .context("Chart.yaml without version")
+}
+
+/// The chart at `PREVIOUS_COMMIT`, extracted into `dir` by `git archive`.
+async fn previous_chart(dir: &Path) -> anyhow::Result<PathBuf> {
+    let object = format!("{PREVIOUS_COMMIT}^{{commit}}");
+    git(&["cat-file", "-e", &object]).await.with_context(|| {
+        format!(
+            "the upgrade test installs chart {PREVIOUS_VERSION} from git history, and \
+             {ROOT} lacks its commit {PREVIOUS_COMMIT}: fetch the whole history \
+             (git fetch --unshallow)"
+        )
+    })?;
+    let tar = dir.join("previous.tar");
+    git(&[
+        "archive",
+        "--format=tar",
+        "-o",
+        path_str(&tar)?,
+        PREVIOUS_COMMIT,
+        "deploy/chart/bucketmap",
+    ])
+    .await?;
+    run("tar", &["-xf", path_str(&tar)?, "-C", path_str(dir)?]).await?;
+    let chart = dir.join("deploy/chart/bucketmap");
+    let version = chart_version(&std::fs::read_to_string(chart.join("Chart.yaml"))?)?;
+    anyhow::ensure!(
+        version == PREVIOUS_VERSION,
+        "{PREVIOUS_COMMIT}: chart {version}, not {PREVIOUS_VERSION}"
+    );
+    anyhow::ensure!(
+        chart.join("crds/gcs.yaml").is_file(),
+        "{PREVIOUS_COMMIT}: chart {PREVIOUS_VERSION} without its crds/gcs.yaml"
+    );
+    Ok(chart)
+}
+
+/// A `Gcs` as the operator leaves it: with its finalizer, so that nothing
+/// but the operator could complete its deletion.
+fn gcs(name: &str) -> String {
+    format!(
+        "apiVersion: storage.bucketmap.dev/v1alpha1\nkind: Gcs\nmetadata:\n  name: {name}\n  \
+         namespace: {APPS}\n  finalizers: [{}]\nspec:\n  bucketName: {name}\n",
+        bucketmap::crd::FINALIZER
+    )
+}
+
+/// `kubectl get -o json` of one object.
+async fn get_json(kubeconfig: &str, args: &[&str]) -> anyhow::Result<Value> {
+    let mut full = vec!["get", "-o", "json"];
+    full.extend_from_slice(args);
+    Ok(serde_json::from_str(
+        &kubectl_ok(kubeconfig, &full, "").await?,
+    )?)
+}
+
+/// The CRD and the kept `Gcs` resources: uid by name (the CRD as `crd`).
+/// Fails if any of them is gone or being deleted.
+async fn uids(kubeconfig: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let crd = get_json(kubeconfig, &["crd", CRD_NAME]).await?;
+    let mut objs = vec![("crd".to_owned(), crd)];
+    for name in KEPT {
+        objs.push((
+            name.to_owned(),
+            get_json(kubeconfig, &["gcs", "-n", APPS, name]).await?,
+        ));
+    }
+    for (name, obj) in objs {
+        anyhow::ensure!(
+            obj.pointer("/metadata/deletionTimestamp").is_none(),
+            "{name} is being deleted: {:#}",
+            obj["metadata"]
+        );
+        let uid = obj["metadata"]["uid"]
+            .as_str()
+            .with_context(|| format!("{name} without uid"))?;
+        out.insert(name, uid.to_owned());
+    }
+    Ok(out)
+}
+
+/// The `kubectl label`/`kubectl annotate` commands docs/UPGRADING.md gives
+/// for the upgrade from 0.1.0, as argument lists.
+fn adoption_commands() -> anyhow::Result<Vec<Vec<String>>> {
+    let doc = std::fs::read_to_string(format!("{ROOT}/docs/UPGRADING.md"))?;
+    let commands: Vec<Vec<String>> = doc
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("kubectl label crd ") || l.starts_with("kubectl annotate crd "))
+        .map(|l| l.split_whitespace().skip(1).map(str::to_owned).collect())
+        .collect();
+    anyhow::ensure!(
+        commands.len() == 2,
+        "docs/UPGRADING.md should give one `kubectl label crd` and one \
+         `kubectl annotate crd` line, found {commands:?}"
+    );
+    Ok(commands)
+}
+
+/// `helm ARGS --kubeconfig K`; its stdout, or the error with its output.
+async fn helm_cmd(helm: &Path, kubeconfig: &str, args: &[&str]) -> anyhow::Result<String> {
+    let mut full = args.to_vec();
+    full.extend_from_slice(&["--kubeconfig", kubeconfig]);
+    run(path_str(helm)?, &full).await
+}
+
+#[tokio::test]
+async fn upgrade_uninstall_and_reinstall_keep_the_crd_and_every_gcs() -> TestResult {
+    let current = chart_version(&std::fs::read_to_string(format!("{ROOT}/{CHART_YAML}"))?)?;
+    assert_ne!(
+        current, PREVIOUS_VERSION,
+        "raise PREVIOUS_VERSION with the chart's version"
+    );
+    let dir = tempfile::tempdir()?;
+    let previous = previous_chart(dir.path()).await?;
+    let previous = path_str(&previous)?.to_owned();
+    let chart = chart_dir();
+    let helm = helm().await?;
+    let env = bucketmap_testkit::testenv::TestEnv::start().await?;
+    let k = kubeconfig_arg(&env)?;
+    let no_gsa = "serviceAccount.gcpServiceAccount=";
+
+    // The previous version, as its users installed it: the CRD from crds/.
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "install",
+            RELEASE,
+            &previous,
+            "-n",
+            NAMESPACE,
+            "--create-namespace",
+            "--set",
+            no_gsa,
+        ],
+    )
+    .await?;
+    let crd = get_json(&k, &["crd", CRD_NAME]).await?;
+    assert!(
+        crd.pointer("/metadata/annotations/meta.helm.sh~1release-name")
+            .is_none(),
+        "the previous chart's CRD already belongs to the release: {:#}",
+        crd["metadata"]
+    );
+    kubectl_ok(&k, &["create", "namespace", APPS], "").await?;
+    let manifests: Vec<String> = KEPT.iter().map(|n| gcs(n)).collect();
+    kubectl_ok(&k, &["apply", "-f", "-"], &manifests.join("---\n")).await?;
+    let before = uids(&k).await?;
+
+    // Without the documented step, the upgrade stops and changes nothing.
+    let upgrade = ["upgrade", RELEASE, &chart, "-n", NAMESPACE, "--set", no_gsa];
+    let refused = helm_cmd(&helm, &k, &upgrade).await;
+    let message = format!("{:#}", refused.expect_err("upgrade without adoption"));
+    assert!(
+        message.contains("invalid ownership metadata") && message.contains(CRD_NAME),
+        "{message}"
+    );
+    assert_eq!(uids(&k).await?, before);
+
+    for command in adoption_commands()? {
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        kubectl_ok(&k, &args, "").await?;
+    }
+    helm_cmd(&helm, &k, &upgrade).await?;
+    assert_eq!(uids(&k).await?, before, "the upgrade replaced an object");
+    let crd = get_json(&k, &["crd", CRD_NAME]).await?;
+    assert_eq!(
+        crd["metadata"]["labels"]["helm.sh/chart"],
+        format!("bucketmap-{current}"),
+        "the upgrade did not apply the chart's CRD: {:#}",
+        crd["metadata"]
+    );
+    assert_eq!(
+        crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+
+    // `helm upgrade` carries a changed CRD to the cluster, and back.
+    let changed = dir.path().join("changed");
+    run("cp", &["-r", &chart, path_str(&changed)?]).await?;
+    let crd_file = changed.join("files/crd.yaml");
+    let text = std::fs::read_to_string(&crd_file)?;
+    anyhow::ensure!(
+        text.contains("    - gcsb\n"),
+        "no short name gcsb in the CRD"
+    );
+    std::fs::write(
+        &crd_file,
+        text.replacen("    - gcsb\n", "    - gcsb\n    - gcsbucket\n", 1),
+    )?;
+    let changed = path_str(&changed)?;
+    let short_names = |crd: &Value| crd["spec"]["names"]["shortNames"].clone();
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "upgrade", RELEASE, changed, "-n", NAMESPACE, "--set", no_gsa,
+        ],
+    )
+    .await?;
+    let crd = get_json(&k, &["crd", CRD_NAME]).await?;
+    assert_eq!(short_names(&crd), serde_json::json!(["gcsb", "gcsbucket"]));
+    helm_cmd(&helm, &k, &upgrade).await?;
+    let crd = get_json(&k, &["crd", CRD_NAME]).await?;
+    assert_eq!(short_names(&crd), serde_json::json!(["gcsb"]));
+    assert_eq!(uids(&k).await?, before);
+
+    webhooks_without_a_replica(&k).await?;
+
+    // Uninstall: the CRD and every Gcs stay, the rest goes.
+    let uninstalled = helm_cmd(&helm, &k, &["uninstall", RELEASE, "-n", NAMESPACE]).await?;
+    assert!(
+        uninstalled.contains(CRD_NAME),
+        "helm does not say it kept the CRD:\n{uninstalled}"
+    );
+    assert_eq!(uids(&k).await?, before, "the uninstall deleted an object");
+    let gone = kubectl(
+        &k,
+        &["get", "deployment", "-n", NAMESPACE, "bucketmap-operator"],
+        "",
+    )
+    .await?;
+    assert!(!gone.status.success(), "the operator is still there");
+
+    // Reinstall: the kept CRD is adopted, nothing is recreated.
+    let installed = helm_cmd(&helm, &k, &["install", RELEASE, &chart, "-n", NAMESPACE]).await?;
+    assert_eq!(uids(&k).await?, before, "the reinstall replaced an object");
+    for expected in [
+        "rollout status deployment/bucketmap-operator",
+        "kept by `helm uninstall`",
+        "WARNING: serviceAccount.gcpServiceAccount is still the placeholder",
+    ] {
+        assert!(
+            installed.contains(expected),
+            "the notes lack {expected:?}:\n{installed}"
+        );
+    }
+    Ok(())
+}
+
+/// What the README says happens while no operator replica is up (here none
+/// ever runs: the webhook Service has no endpoints): a labelled pod is
+/// refused, any other pod and a new Gcs are admitted, a Gcs being deleted
+/// waits for the operator; and the API server counts the failed calls in
+/// the metrics the webhook alerts use.
+async fn webhooks_without_a_replica(k: &str) -> TestResult {
+    kubectl_ok(k, &["create", "serviceaccount", "default", "-n", APPS], "").await?;
+    let pod = |name: &str, labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {APPS}\n  \
+             labels: {labels}\nspec:\n  containers: [{{name: app, image: example/app:1}}]\n"
+        )
+    };
+    let labelled = kubectl(
+        k,
+        &["create", "-f", "-"],
+        &pod("labelled", r#"{bucketmap.dev/inject: "true"}"#),
+    )
+    .await?;
+    let stderr = String::from_utf8_lossy(&labelled.stderr);
+    assert!(
+        !labelled.status.success() && stderr.contains("inject.bucketmap.dev"),
+        "a labelled pod was not refused by the injection webhook: {stderr}"
+    );
+    kubectl_ok(k, &["create", "-f", "-"], &pod("plain", "{app: plain}")).await?;
+    kubectl_ok(k, &["create", "-f", "-"], &gcs("created-while-down")).await?;
+    kubectl_ok(
+        k,
+        &[
+            "delete",
+            "gcs",
+            "-n",
+            APPS,
+            "created-while-down",
+            "--wait=false",
+        ],
+        "",
+    )
+    .await?;
+    let waiting = get_json(k, &["gcs", "-n", APPS, "created-while-down"]).await?;
+    assert!(
+        waiting.pointer("/metadata/deletionTimestamp").is_some(),
+        "{waiting:#}"
+    );
+
+    let metrics = kubectl_ok(k, &["get", "--raw", "/metrics"], "").await?;
+    let series = |metric: &str, labels: &[&str]| {
+        metrics.lines().any(|l| {
+            l.starts_with(&format!("{metric}{{")) && labels.iter().all(|label| l.contains(label))
+        })
+    };
+    assert!(
+        series(
+            "apiserver_admission_webhook_rejection_count",
+            &[
+                r#"name="inject.bucketmap.dev""#,
+                r#"error_type="calling_webhook_error""#
+            ]
+        ),
+        "the API server counted no failed call of the injection webhook"
+    );
+    assert!(
+        series(
+            "apiserver_admission_webhook_fail_open_count",
+            &[r#"name="finalizer.gcs.bucketmap.dev""#]
+        ),
+        "the API server counted no failed-open call of the finalizer webhook"
+    );
+    // Every API server metric an alert uses is one this API server exports.
+    let rules = super::monitoring::alert_rules().await?;
+    let mut external = 0;
+    for (alert, expr) in &rules {
+        for name in super::monitoring::metric_names(expr) {
+            if name.starts_with("apiserver_") {
+                external += 1;
+                assert!(
+                    series(&name, &[]),
+                    "{alert} uses {name}, which the API server does not export"
+                );
+            }
+        }
+    }
+    assert!(
+        external > 0,
+        "no alert uses the API server's webhook metrics"
+    );
+    Ok(())
+}
