@@ -165,6 +165,60 @@ pub struct OperatorArgs {
     /// flight may take to finish before their connections are closed.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     webhook_drain_timeout: Duration,
+    /// The Google service account the operator acts as (GKE Workload
+    /// Identity; the chart sets it from serviceAccount.gcpServiceAccount).
+    /// Checked at start: the chart's placeholder or a malformed address is
+    /// refused. Empty: other credentials (an emulator, or Application
+    /// Default Credentials found otherwise).
+    #[arg(long, env = "BUCKETMAP_GCP_SERVICE_ACCOUNT", value_parser = gcp_service_account)]
+    gcp_service_account: Option<GcpServiceAccount>,
+}
+
+/// A Google service account address, or none (empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcpServiceAccount(pub Option<String>);
+
+/// Parses `--gcp-service-account`: empty, or an address of the form
+/// `NAME@PROJECT.iam.gserviceaccount.com` (or another
+/// `*.gserviceaccount.com` domain Google uses for its own accounts); the
+/// chart's placeholder is refused with what to do.
+pub fn gcp_service_account(value: &str) -> Result<GcpServiceAccount, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(GcpServiceAccount(None));
+    }
+    if value.contains("YOUR_PROJECT") {
+        return Err(format!(
+            "{value:?} is the chart's placeholder: set the Helm value \
+             serviceAccount.gcpServiceAccount (env BUCKETMAP_GCP_SERVICE_ACCOUNT) to the \
+             Google service account the operator acts as, created as docs/INSTALL-GKE.md \
+             shows, or to \"\" when the operator gets other credentials"
+        ));
+    }
+    let well_formed = value.split_once('@').is_some_and(|(name, domain)| {
+        let label = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !s.starts_with('-')
+                && !s.ends_with('-')
+        };
+        let project = domain
+            .strip_suffix(".iam.gserviceaccount.com")
+            .or_else(|| domain.strip_suffix(".gserviceaccount.com"));
+        label(name) && project.is_some_and(|p| p.split('.').all(label))
+    });
+    if well_formed {
+        Ok(GcpServiceAccount(Some(value.to_owned())))
+    } else {
+        Err(format!(
+            "{value:?} is not a Google service account address \
+             (NAME@PROJECT.iam.gserviceaccount.com); check the Helm value \
+             serviceAccount.gcpServiceAccount (env BUCKETMAP_GCP_SERVICE_ACCOUNT) and \
+             docs/INSTALL-GKE.md"
+        ))
+    }
 }
 
 fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
@@ -241,6 +295,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         health.clone(),
         std::future::pending(),
     ));
+    if let Some(GcpServiceAccount(Some(account))) = &args.gcp_service_account {
+        tracing::info!(
+            account,
+            "acting as Google service account (Workload Identity)"
+        );
+    }
     let config = operator_config(&args, cluster_identity(&args, &client).await?);
     let webhook = match args.webhook_addr {
         Some(addr) => Some(start_webhook(&args, &client, addr, stop.clone()).await?),
@@ -455,6 +515,44 @@ mod tests {
             .expect_err("a project id is no project number")
             .to_string();
         assert!(message.contains("not a project number"), "{message}");
+    }
+
+    #[test]
+    fn the_placeholder_or_a_malformed_service_account_is_refused_at_start() {
+        let parse = |v: &str| {
+            Command::try_parse_from(["bucketmap", "--gcp-service-account", v])
+                .map(|c| c.args.gcp_service_account)
+        };
+        let placeholder = parse("bucketmap@YOUR_PROJECT.iam.gserviceaccount.com")
+            .expect_err("the placeholder is refused")
+            .to_string();
+        for needle in [
+            "placeholder",
+            "serviceAccount.gcpServiceAccount",
+            "docs/INSTALL-GKE.md",
+        ] {
+            assert!(placeholder.contains(needle), "{needle}: {placeholder}");
+        }
+        for bad in [
+            "bucketmap",
+            "bucketmap@acme",
+            "Bucketmap@acme.iam.gserviceaccount.com",
+            "@acme.iam.gserviceaccount.com",
+            "a@b@acme.iam.gserviceaccount.com",
+        ] {
+            let message = parse(bad).expect_err(bad).to_string();
+            assert!(message.contains("INSTALL-GKE.md"), "{bad}: {message}");
+        }
+        for good in [
+            "bucketmap@acme-prod.iam.gserviceaccount.com",
+            "123456789012-compute@developer.gserviceaccount.com",
+        ] {
+            let parsed = parse(good).expect(good);
+            assert_eq!(parsed, Some(GcpServiceAccount(Some(good.to_owned()))));
+        }
+        assert_eq!(parse("").expect("empty"), Some(GcpServiceAccount(None)));
+        let none = Command::try_parse_from(["bucketmap"]).expect("no flags parse");
+        assert_eq!(none.args.gcp_service_account, None);
     }
 
     #[test]
