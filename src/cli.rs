@@ -64,6 +64,11 @@ pub struct OperatorArgs {
     /// Watch only this namespace (default: all).
     #[arg(long, env = "BUCKETMAP_NAMESPACE")]
     namespace: Option<String>,
+    /// Publish a Service Binding Secret per Gcs (`--service-binding=false`:
+    /// none; the operator then reads and writes no Secret outside its own
+    /// namespace, and needs no RBAC for it).
+    #[arg(long, env = "BUCKETMAP_SERVICE_BINDING", default_value_t = true, action = clap::ArgAction::Set)]
+    service_binding: bool,
     /// Reconciles doing work (GCS calls, API writes) at once; one waiting
     /// for its namespace's map write does not count (0: unbounded).
     #[arg(long, default_value_t = 32)]
@@ -228,6 +233,7 @@ fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
         resync: args.resync,
         max_name_attempts: args.max_name_attempts.max(1),
         namespace: args.namespace.clone(),
+        service_binding: args.service_binding,
         concurrency: args.concurrency,
         bucket_ops_interval: Some(args.bucket_ops_interval),
         map_name: args.map_name.clone(),

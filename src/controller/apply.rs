@@ -625,6 +625,10 @@ async fn publish(
         .released_while(ctx.maps.publish(obj, physical))
         .await??;
     let (why, message) = match verdict {
+        Verdict::Published if !ctx.config.service_binding => {
+            status.status.binding = None;
+            return Ok(ControlFlow::Continue(()));
+        }
         Verdict::Published => {
             Box::pin(publish::write_binding(
                 &ctx.client,

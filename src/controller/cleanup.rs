@@ -32,7 +32,9 @@ pub(super) async fn cleanup(
     let recorded = status.status.clone();
     // The workloads lose the name first, whatever happens to the bucket.
     slot.released_while(ctx.maps.unpublish(&obj)).await??;
-    publish::delete_binding(&ctx.client, &obj).await?;
+    if ctx.config.service_binding {
+        publish::delete_binding(&ctx.client, &obj).await?;
+    }
     let Some(physical) = recorded.bucket_full_name else {
         return Ok(Action::await_change());
     };

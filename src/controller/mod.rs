@@ -63,6 +63,9 @@ pub struct OperatorConfig {
     pub max_name_attempts: u32,
     /// Watch only this namespace (all namespaces when `None`).
     pub namespace: Option<String>,
+    /// Publish a Service Binding Secret per resource (and watch them).
+    /// Off, the operator reads and writes no Secret outside its namespace.
+    pub service_binding: bool,
     /// Reconciles doing work at once (0: unbounded); see [`crate::slots`].
     pub concurrency: u16,
     /// Minimum interval between bucket creates/deletes in one project.
@@ -90,6 +93,7 @@ impl Default for OperatorConfig {
             resync: Duration::from_secs(600),
             max_name_attempts: 5,
             namespace: None,
+            service_binding: true,
             concurrency: 32,
             bucket_ops_interval: Some(Duration::from_secs(2)),
             map_name: "bucketmap".to_owned(),

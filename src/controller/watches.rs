@@ -272,14 +272,14 @@ fn with_service_accounts(
     })
 }
 
-/// Caches of the bucket maps and binding Secrets, kept by background
-/// watches (they trigger nothing: our own writes would only cause reconciles
+/// Caches of the bucket maps and binding Secrets (only those labelled as
+/// ours, and none with Service Binding off), kept by background watches (they trigger nothing: our own writes would only cause reconciles
 /// that change nothing). The maps keep their `managedFields` (one entry per
 /// writer) so that the writer can see field managers of earlier versions.
 fn watch_published(
     client: &kube::Client,
     config: &OperatorConfig,
-) -> (Store<ConfigMap>, Store<Secret>, [JoinHandle<()>; 2]) {
+) -> (Store<ConfigMap>, Store<Secret>, Vec<JoinHandle<()>>) {
     let (cm_api, secret_api): (Api<ConfigMap>, Api<Secret>) = match &config.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
@@ -301,13 +301,17 @@ fn watch_published(
             .reflect(cm_writer)
             .for_each(|_| async {}),
     );
-    let secret_task = tokio::spawn(
-        watcher(secret_api, secret_watch)
-            .default_backoff()
-            // The reconciler compares digests; the data stays out of memory.
-            .modify(publish::trim_cached_binding)
-            .reflect(secret_writer)
-            .for_each(|_| async {}),
-    );
-    (configmaps, secrets, [cm_task, secret_task])
+    let mut tasks = vec![cm_task];
+    // Without Service Binding no Secret is read: the store stays empty.
+    if config.service_binding {
+        tasks.push(tokio::spawn(
+            watcher(secret_api, secret_watch)
+                .default_backoff()
+                // The reconciler compares digests; the data stays out of memory.
+                .modify(publish::trim_cached_binding)
+                .reflect(secret_writer)
+                .for_each(|_| async {}),
+        ));
+    }
+    (configmaps, secrets, tasks)
 }

@@ -1,0 +1,274 @@
+//! The operator under exactly the RBAC the chart renders: the chart's
+//! ServiceAccount, ClusterRoles, Roles and bindings applied to a real API
+//! server (which enforces RBAC), a token of that ServiceAccount from the
+//! TokenRequest API, and the operator's client built from the token alone,
+//! not from the admin kubeconfig.
+//!
+//! The helm binary comes from `tools/helm/install.sh` (pinned, built on
+//! first use; `HELM_BIN` points at another one).
+
+mod common;
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use common::Fixture;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, PostParams};
+use serde::de::DeserializeOwned;
+
+type TestResult = anyhow::Result<()>;
+
+const OPERATOR_NAMESPACE: &str = "bucketmap-system";
+/// This checkout (the chart and the tools of the tree under test).
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+async fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .with_context(|| format!("cannot run {program}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{program} {args:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The pinned helm binary (the last line `tools/helm/install.sh` prints).
+async fn helm() -> anyhow::Result<PathBuf> {
+    let script = format!("{ROOT}/tools/helm/install.sh");
+    let out = run("bash", &[&script]).await?;
+    Ok(PathBuf::from(
+        out.lines().last().context("install.sh printed nothing")?,
+    ))
+}
+
+/// The documents of the chart's RBAC template, rendered with `values`.
+async fn rendered_rbac(values: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let helm = helm().await?;
+    let chart = format!("{ROOT}/deploy/chart/bucketmap");
+    let mut args = vec![
+        "template",
+        "bucketmap",
+        &chart,
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--show-only",
+        "templates/rbac.yaml",
+        // `helm template` has no cluster to ask; the chart's minimum.
+        "--kube-version",
+        "1.29.0",
+    ];
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    let yaml = run(helm.to_str().context("path")?, &args).await?;
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&yaml) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+async fn create<K>(client: &kube::Client, doc: &serde_json::Value) -> anyhow::Result<()>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let obj: K = serde_json::from_value(doc.clone())?;
+    let ns = doc["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or(OPERATOR_NAMESPACE);
+    Api::<K>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &obj)
+        .await?;
+    Ok(())
+}
+
+async fn create_cluster<K>(client: &kube::Client, doc: &serde_json::Value) -> anyhow::Result<()>
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let obj: K = serde_json::from_value(doc.clone())?;
+    Api::<K>::all(client.clone())
+        .create(&PostParams::default(), &obj)
+        .await?;
+    Ok(())
+}
+
+/// Applies the chart's RBAC (rendered with `values`) as the admin; returns
+/// the kinds applied, sorted.
+async fn apply_rbac(f: &Fixture, values: &[&str]) -> anyhow::Result<Vec<String>> {
+    let namespaces: Api<Namespace> = Api::all(f.client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": OPERATOR_NAMESPACE}}))?;
+    namespaces.create(&PostParams::default(), &ns).await?;
+    let mut kinds = Vec::new();
+    for doc in rendered_rbac(values).await? {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+        match kind.as_str() {
+            "ServiceAccount" => create::<ServiceAccount>(&f.client, &doc).await?,
+            "Role" => create::<Role>(&f.client, &doc).await?,
+            "RoleBinding" => create::<RoleBinding>(&f.client, &doc).await?,
+            "ClusterRole" => create_cluster::<ClusterRole>(&f.client, &doc).await?,
+            "ClusterRoleBinding" => create_cluster::<ClusterRoleBinding>(&f.client, &doc).await?,
+            other => anyhow::bail!("unexpected kind {other} in templates/rbac.yaml"),
+        }
+        kinds.push(kind);
+    }
+    kinds.sort();
+    Ok(kinds)
+}
+
+/// A client that authenticates as the chart's ServiceAccount only.
+async fn operator_client(f: &Fixture) -> anyhow::Result<kube::Client> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(f.client.clone(), OPERATOR_NAMESPACE);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request("bucketmap", &PostParams::default(), &request)
+        .await?
+        .status
+        .context("no token in the TokenRequest's status")?
+        .token;
+    let mut config = f.env.kube_config()?;
+    config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A Secret of the resources' namespace that the operator has no business with.
+async fn unrelated_secret(f: &Fixture) -> anyhow::Result<()> {
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "database-password", "namespace": f.ns},
+        "stringData": {"password": "hunter2"},
+    }))?;
+    Api::<Secret>::namespaced(f.client.clone(), &f.ns)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    Ok(())
+}
+
+/// The status code of reading the unrelated Secret as the operator (200: read).
+async fn read_unrelated(client: &kube::Client, ns: &str) -> u16 {
+    match Api::<Secret>::namespaced(client.clone(), ns)
+        .get("database-password")
+        .await
+    {
+        Ok(_) => 200,
+        Err(kube::Error::Api(status)) => status.code,
+        Err(_) => 0,
+    }
+}
+
+#[tokio::test]
+async fn without_service_binding_the_operator_works_and_reads_no_other_secret() -> TestResult {
+    let mut f = Fixture::new().await?;
+    let kinds = apply_rbac(&f, &["serviceBinding.enabled=false"]).await?;
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount"
+        ],
+        "the chart's RBAC changed: update this test"
+    );
+    unrelated_secret(&f).await?;
+    let client = operator_client(&f).await?;
+    f.config.service_binding = false;
+    let _operator = f
+        .spawn_operator(client.clone(), std::future::pending())
+        .await?;
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    let g = f.wait_ready("photos").await?;
+    let physical = common::physical(&g);
+    assert!(f.gcs.bucket(&physical).is_some(), "no bucket {physical}");
+    assert_eq!(f.bucket_map().await?.get("photos"), Some(&physical));
+    assert!(
+        g.status.as_ref().is_some_and(|s| s.binding.is_none()),
+        "{g:?}"
+    );
+    assert_eq!(
+        f.metrics.reconcile_failure_count(),
+        0,
+        "{}",
+        f.metrics.encode()?
+    );
+    // The check bites: the same client is refused the Secret (403).
+    assert_eq!(
+        read_unrelated(&client, &f.ns).await,
+        403,
+        "{:#?}",
+        rendered_rbac(&["serviceBinding.enabled=false"]).await?
+    );
+    let all = Api::<Secret>::all(client.clone())
+        .list(&Default::default())
+        .await;
+    assert!(matches!(all, Err(kube::Error::Api(s)) if s.code == 403));
+    // In its own namespace it may create the webhook's Secret and read it by name.
+    let own: Api<Secret> = Api::namespaced(client, OPERATOR_NAMESPACE);
+    assert!(
+        matches!(own.get("bucketmap-webhook-tls").await, Err(kube::Error::Api(s)) if s.code == 404)
+    );
+    assert!(matches!(own.get("another").await, Err(kube::Error::Api(s)) if s.code == 403));
+    Ok(())
+}
+
+/// The control, and the price of Service Binding: with it on (the default)
+/// the operator publishes the binding Secret, and RBAC, which cannot scope
+/// a rule by label, lets it read the unrelated Secret too.
+#[tokio::test]
+async fn with_service_binding_the_operator_publishes_and_can_read_secrets() -> TestResult {
+    let f = Fixture::new().await?;
+    apply_rbac(&f, &[]).await?;
+    unrelated_secret(&f).await?;
+    let client = operator_client(&f).await?;
+    let _operator = f
+        .spawn_operator(client.clone(), std::future::pending())
+        .await?;
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    let g = f.wait_ready("photos").await?;
+    let binding = g.status.as_ref().and_then(|s| s.binding.clone());
+    let binding = binding.context("no binding in the status")?;
+    Api::<Secret>::namespaced(f.client.clone(), &f.ns)
+        .get(&binding.name)
+        .await
+        .context("the binding Secret was not published")?;
+    assert_eq!(
+        f.metrics.reconcile_failure_count(),
+        0,
+        "{}",
+        f.metrics.encode()?
+    );
+    assert_eq!(read_unrelated(&client, &f.ns).await, 200);
+    Ok(())
+}
