@@ -462,7 +462,9 @@ fn check_everything(objs: &BTreeMap<Key, Value>) -> TestResult {
     for (kind, name) in [
         ("Service", "bucketmap-metrics"),
         ("ServiceMonitor", "bucketmap"),
+        ("PodMonitor", "bucketmap-sidecars"),
         ("PodMonitoring", "bucketmap"),
+        ("ClusterPodMonitoring", "bucketmap-sidecars"),
         ("PrometheusRule", "bucketmap"),
         ("ConfigMap", "bucketmap-dashboard"),
     ] {
@@ -483,6 +485,24 @@ fn check_everything(objs: &BTreeMap<Key, Value>) -> TestResult {
             metrics["metadata"]["labels"].get(label),
             Some(value),
             "{label}"
+        );
+    }
+    // The sidecar monitors select injected pods by the label the webhook
+    // selects them by, on the admin port it gives them.
+    for (kind, endpoints) in [
+        ("PodMonitor", "podMetricsEndpoints"),
+        ("ClusterPodMonitoring", "endpoints"),
+    ] {
+        let monitor = get(objs, kind, "bucketmap-sidecars")?;
+        assert_eq!(
+            monitor["spec"]["selector"]["matchLabels"],
+            json!({(bucketmap::webhook::inject::INJECT_LABEL): "true"}),
+            "{kind}"
+        );
+        assert_eq!(
+            monitor["spec"][endpoints][0]["port"],
+            bucketmap::webhook::inject::ADMIN_PORT_NAME,
+            "{kind}"
         );
     }
     let webhook_svc = get(objs, "Service", "bucketmap-webhook")?;
@@ -598,7 +618,13 @@ fn check_defaults(objs: &BTreeMap<Key, Value>) -> TestResult {
             .contains(&json!({"name": "webhook", "containerPort": 10250})),
         "{container:#}"
     );
-    for kind in ["ServiceMonitor", "PodMonitoring", "PrometheusRule"] {
+    for kind in [
+        "ServiceMonitor",
+        "PodMonitor",
+        "PodMonitoring",
+        "ClusterPodMonitoring",
+        "PrometheusRule",
+    ] {
         assert!(
             !objs.keys().any(|(k, _, _)| k == kind),
             "{kind} rendered by default"
@@ -622,8 +648,10 @@ async fn every_value_combination_renders_objects_the_api_server_accepts() -> Tes
     kubectl_ok(&kubeconfig, &["apply", "--server-side", "-f", crds], "").await?;
     for crd in [
         "servicemonitors.monitoring.coreos.com",
+        "podmonitors.monitoring.coreos.com",
         "prometheusrules.monitoring.coreos.com",
         "podmonitorings.monitoring.googleapis.com",
+        "clusterpodmonitorings.monitoring.googleapis.com",
     ] {
         kubectl_ok(
             &kubeconfig,

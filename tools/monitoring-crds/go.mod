@@ -1,6 +1,7 @@
 // Pinned sources of the monitoring CRDs the chart's optional objects use
-// (ServiceMonitor and PrometheusRule from the prometheus-operator,
-// PodMonitoring from GKE's Managed Service for Prometheus): install.sh takes
+// (ServiceMonitor, PodMonitor and PrometheusRule from the
+// prometheus-operator, PodMonitoring and ClusterPodMonitoring from GKE's
+// Managed Service for Prometheus): install.sh takes
 // their YAML from these modules' zips, verified against go.sum. Nothing is
 // built from them.
 module bucketmap.dev/tools/monitoring-crds

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Provide the CRDs of the monitoring objects the chart can render, so that
 # tests/chart/ can apply those objects to a real API server (server-side dry
-# run): ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1) and
-# PodMonitoring (monitoring.googleapis.com/v1).
+# run): ServiceMonitor, PodMonitor and PrometheusRule (monitoring.coreos.com/v1),
+# PodMonitoring and ClusterPodMonitoring (monitoring.googleapis.com/v1).
 #
 # They come from the Go modules pinned in go.mod next to this script (the
 # module zips hold the projects' generated CRD YAML), downloaded from the Go
@@ -34,8 +34,10 @@ dest="$(cache_root)/monitoring-crds/prometheus-operator-$operator_version-promet
 # Each CRD: the module it comes from, and its path inside the module.
 crds=(
   "$operator example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+  "$operator example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml"
   "$operator example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"
   "$engine charts/operator/crds/monitoring.googleapis.com_podmonitorings.yaml"
+  "$engine charts/operator/crds/monitoring.googleapis.com_clusterpodmonitorings.yaml"
 )
 
 complete() {
