@@ -454,6 +454,7 @@ defaultProject: my-project
 serviceMonitor: {enabled: true, labels: {release: kube-prometheus-stack}}
 podMonitoring: {enabled: true}
 prometheusRule: {enabled: true}
+clusterRules: {enabled: true}
 grafanaDashboard: {enabled: true}
 "#;
 
@@ -466,6 +467,7 @@ fn check_everything(objs: &BTreeMap<Key, Value>) -> TestResult {
         ("PodMonitoring", "bucketmap"),
         ("ClusterPodMonitoring", "bucketmap-sidecars"),
         ("PrometheusRule", "bucketmap"),
+        ("ClusterRules", "bucketmap"),
         ("ConfigMap", "bucketmap-dashboard"),
     ] {
         get(objs, kind, name)?;
@@ -505,6 +507,16 @@ fn check_everything(objs: &BTreeMap<Key, Value>) -> TestResult {
             "{kind}"
         );
     }
+    // GKE's ClusterRules carries the PrometheusRule's alerts, unchanged.
+    let groups = &get(objs, "PrometheusRule", "bucketmap")?["spec"]["groups"];
+    assert!(
+        groups.as_array().is_some_and(|g| !g.is_empty()),
+        "{groups:#}"
+    );
+    assert_eq!(
+        &get(objs, "ClusterRules", "bucketmap")?["spec"]["groups"],
+        groups
+    );
     let webhook_svc = get(objs, "Service", "bucketmap-webhook")?;
     assert_ne!(
         webhook_svc["metadata"]["labels"].get("app.kubernetes.io/component"),
@@ -624,6 +636,7 @@ fn check_defaults(objs: &BTreeMap<Key, Value>) -> TestResult {
         "PodMonitoring",
         "ClusterPodMonitoring",
         "PrometheusRule",
+        "ClusterRules",
     ] {
         assert!(
             !objs.keys().any(|(k, _, _)| k == kind),
@@ -652,6 +665,7 @@ async fn every_value_combination_renders_objects_the_api_server_accepts() -> Tes
         "prometheusrules.monitoring.coreos.com",
         "podmonitorings.monitoring.googleapis.com",
         "clusterpodmonitorings.monitoring.googleapis.com",
+        "clusterrules.monitoring.googleapis.com",
     ] {
         kubectl_ok(
             &kubeconfig,

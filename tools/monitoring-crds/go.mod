@@ -1,6 +1,6 @@
 // Pinned sources of the monitoring CRDs the chart's optional objects use
 // (ServiceMonitor, PodMonitor and PrometheusRule from the
-// prometheus-operator, PodMonitoring and ClusterPodMonitoring from GKE's
+// prometheus-operator, PodMonitoring, ClusterPodMonitoring and ClusterRules from GKE's
 // Managed Service for Prometheus): install.sh takes
 // their YAML from these modules' zips, verified against go.sum. Nothing is
 // built from them.

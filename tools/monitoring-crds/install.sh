@@ -2,7 +2,7 @@
 # Provide the CRDs of the monitoring objects the chart can render, so that
 # tests/chart/ can apply those objects to a real API server (server-side dry
 # run): ServiceMonitor, PodMonitor and PrometheusRule (monitoring.coreos.com/v1),
-# PodMonitoring and ClusterPodMonitoring (monitoring.googleapis.com/v1).
+# PodMonitoring, ClusterPodMonitoring and ClusterRules (monitoring.googleapis.com/v1).
 #
 # They come from the Go modules pinned in go.mod next to this script (the
 # module zips hold the projects' generated CRD YAML), downloaded from the Go
@@ -38,6 +38,7 @@ crds=(
   "$operator example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"
   "$engine charts/operator/crds/monitoring.googleapis.com_podmonitorings.yaml"
   "$engine charts/operator/crds/monitoring.googleapis.com_clusterpodmonitorings.yaml"
+  "$engine charts/operator/crds/monitoring.googleapis.com_clusterrules.yaml"
 )
 
 complete() {
