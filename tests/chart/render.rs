@@ -397,6 +397,11 @@ async fn the_schema_refuses_unknown_and_mistyped_values() -> TestResult {
             "pullPolicy",
         ),
         (
+            &["--set", "watchNamespaces={Team_A}"],
+            &["--set", "watchNamespaces={team-a}"],
+            "watchNamespaces",
+        ),
+        (
             &["--set", "imagePullSecrets[0].nam=registry"],
             &["--set", "imagePullSecrets[0].name=registry"],
             "nam",
