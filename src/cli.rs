@@ -61,9 +61,19 @@ pub struct OperatorArgs {
     /// Candidate names tried before reporting NameConflict.
     #[arg(long, default_value_t = 5)]
     max_name_attempts: u32,
-    /// Watch only this namespace (default: all).
+    /// Watch only this namespace (default: all); the same as
+    /// --watch-namespaces with one namespace, and combined with it.
     #[arg(long, env = "BUCKETMAP_NAMESPACE")]
     namespace: Option<String>,
+    /// Watch only these namespaces, comma-separated (default: all): a
+    /// namespaced install, whose RBAC is Roles in these namespaces.
+    #[arg(
+        long,
+        env = "BUCKETMAP_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        value_parser = namespace_name
+    )]
+    watch_namespaces: Vec<String>,
     /// Publish a Service Binding Secret per Gcs (`--service-binding=false`:
     /// none; the operator then reads and writes no Secret outside its own
     /// namespace, and needs no RBAC for it).
@@ -233,6 +243,7 @@ fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
         resync: args.resync,
         max_name_attempts: args.max_name_attempts.max(1),
         namespace: args.namespace.clone(),
+        watch_namespaces: args.watch_namespaces.clone(),
         service_binding: args.service_binding,
         concurrency: args.concurrency,
         bucket_ops_interval: Some(args.bucket_ops_interval),
@@ -248,6 +259,25 @@ fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
                 pool,
                 project_number,
             }),
+    }
+}
+
+/// A namespace name (a DNS label); blanks around it are dropped, and an
+/// empty item (`a,,b`, or an empty variable) names none.
+fn namespace_name(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let label = value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if label {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a namespace name (lowercase letters, digits and '-')"
+        ))
     }
 }
 
@@ -425,7 +455,7 @@ async fn start_webhook(
         map_name: args.map_name.clone(),
         extra_args: args.sidecar_args.clone(),
     };
-    let watched = args.namespace.clone().map(|ns| vec![ns]);
+    let watched = operator_config(args, String::new()).watched_namespaces();
     let delay = args.shutdown_delay;
     let shutdown = async move {
         stopped(stop).await;
@@ -559,6 +589,33 @@ mod tests {
         assert_eq!(parse("").expect("empty"), Some(GcpServiceAccount(None)));
         let none = Command::try_parse_from(["bucketmap"]).expect("no flags parse");
         assert_eq!(none.args.gcp_service_account, None);
+    }
+
+    #[test]
+    fn watched_namespaces_come_from_both_flags() {
+        let all = parse(&[]).expect("no flags parse");
+        assert_eq!(all.watched_namespaces(), None);
+        let one = parse(&["--namespace", "team-a"]).expect("parses");
+        assert_eq!(one.watched_namespaces(), Some(vec!["team-a".to_owned()]));
+        let many = parse(&[
+            "--watch-namespaces",
+            "team-b, team-a,,team-b",
+            "--namespace",
+            "team-c",
+        ])
+        .expect("parses");
+        assert_eq!(
+            many.watched_namespaces(),
+            Some(vec![
+                "team-a".to_owned(),
+                "team-b".to_owned(),
+                "team-c".to_owned()
+            ])
+        );
+        let message = parse(&["--watch-namespaces", "Team_A"])
+            .expect_err("refused")
+            .to_string();
+        assert!(message.contains("not a namespace name"), "{message}");
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! The helm binary comes from `tools/helm/install.sh` (pinned, built on
 //! first use; `HELM_BIN` points at another one).
 
+// Scenarios read top to bottom; the one-screen rule for functions is for
+// product code (CONTRIBUTING.md).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use std::path::PathBuf;
@@ -270,5 +274,83 @@ async fn with_service_binding_the_operator_publishes_and_can_read_secrets() -> T
         f.metrics.encode()?
     );
     assert_eq!(read_unrelated(&client, &f.ns).await, 200);
+    Ok(())
+}
+
+/// A namespaced install (`watchNamespaces`): Roles in the watched
+/// namespaces instead of cluster-wide rules. The operator watches two
+/// namespaces (so the watches of each are merged), makes both resources
+/// Ready, and can neither list resources cluster-wide nor read a Secret of
+/// a namespace it does not watch.
+#[tokio::test]
+async fn a_namespaced_install_works_in_its_namespaces_only() -> TestResult {
+    let mut f = Fixture::new().await?;
+    let other = bucketmap_testkit::testenv::create_namespace(&f.client, "team-b").await?;
+    let outside = bucketmap_testkit::testenv::create_namespace(&f.client, "outside").await?;
+    let watched = format!("watchNamespaces={{{},{other}}}", f.ns);
+    let kinds = apply_rbac(&f, &[watched.as_str()]).await?;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "Role").count(),
+        3,
+        "{kinds:?}"
+    );
+    let client = operator_client(&f).await?;
+    f.config.namespace = None;
+    f.config.watch_namespaces = vec![f.ns.clone(), other.clone()];
+    let _operator = f
+        .spawn_operator(client.clone(), std::future::pending())
+        .await?;
+
+    let gcs = |ns: &str| Api::<bucketmap::crd::Gcs>::namespaced(f.client.clone(), ns);
+    let spec = |name: &str, ns: &str| -> anyhow::Result<bucketmap::crd::Gcs> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "apiVersion": "storage.bucketmap.dev/v1alpha1",
+            "kind": "Gcs",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"bucketName": name},
+        }))?)
+    };
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    for ns in [&other, &outside] {
+        gcs(ns)
+            .create(&PostParams::default(), &spec("videos", ns)?)
+            .await?;
+    }
+    f.wait_ready("photos").await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !gcs(&other).get("videos").await?.is_ready() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "videos in {other} never became Ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        f.metrics.reconcile_failure_count(),
+        0,
+        "{}",
+        f.metrics.encode()?
+    );
+    // The resource outside was never touched: no finalizer, no status.
+    let untouched = gcs(&outside).get("videos").await?;
+    assert!(untouched.metadata.finalizers.is_none(), "{untouched:?}");
+    assert!(untouched.status.is_none(), "{untouched:?}");
+    // The checks bite: cluster-wide lists and other namespaces are refused.
+    let all = Api::<bucketmap::crd::Gcs>::all(client.clone())
+        .list(&Default::default())
+        .await;
+    assert!(
+        matches!(all, Err(kube::Error::Api(ref s)) if s.code == 403),
+        "{all:?}"
+    );
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "database-password", "namespace": outside},
+        "stringData": {"password": "hunter2"},
+    }))?;
+    Api::<Secret>::namespaced(f.client.clone(), &outside)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    assert_eq!(read_unrelated(&client, &outside).await, 403);
     Ok(())
 }

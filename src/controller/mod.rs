@@ -17,6 +17,7 @@ mod apply;
 mod cleanup;
 mod finalizer;
 mod namespaces;
+mod scope;
 mod status;
 mod watches;
 
@@ -61,8 +62,11 @@ pub struct OperatorConfig {
     pub resync: Duration,
     /// How many candidate names to try before giving up with `NameConflict`.
     pub max_name_attempts: u32,
-    /// Watch only this namespace (all namespaces when `None`).
+    /// Watch only this namespace (all namespaces when `None` and
+    /// `watch_namespaces` is empty).
     pub namespace: Option<String>,
+    /// Watch only these namespaces (with `namespace`, if set).
+    pub watch_namespaces: Vec<String>,
     /// Publish a Service Binding Secret per resource (and watch them).
     /// Off, the operator reads and writes no Secret outside its namespace.
     pub service_binding: bool,
@@ -93,6 +97,7 @@ impl Default for OperatorConfig {
             resync: Duration::from_secs(600),
             max_name_attempts: 5,
             namespace: None,
+            watch_namespaces: Vec::new(),
             service_binding: true,
             concurrency: 32,
             bucket_ops_interval: Some(Duration::from_secs(2)),
@@ -102,6 +107,22 @@ impl Default for OperatorConfig {
             map_writers: bucket_map::DEFAULT_WRITERS,
             workload_identity: None,
         }
+    }
+}
+
+impl OperatorConfig {
+    /// The namespaces watched, sorted and without duplicates; `None`: all.
+    pub fn watched_namespaces(&self) -> Option<Vec<String>> {
+        let mut all: Vec<String> = self
+            .namespace
+            .iter()
+            .chain(&self.watch_namespaces)
+            .filter(|ns| !ns.is_empty())
+            .cloned()
+            .collect();
+        all.sort();
+        all.dedup();
+        (!all.is_empty()).then_some(all)
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::{Context, FailureCounts, OperatorConfig, error_policy, reconcile};
+use super::{Context, FailureCounts, OperatorConfig, error_policy, reconcile, scope};
 use crate::bucket_map::{BucketMaps, MapSettings};
 use crate::crd::Gcs;
 use crate::gcs::{GcsClient, Pacer};
@@ -116,13 +116,9 @@ fn watch_namespaces(
     impl Stream<Item = Result<NamespaceMeta, watcher::Error>> + Send + 'static,
 ) {
     let api: Api<NamespaceMeta> = Api::all(client.clone());
-    let watch = match &config.namespace {
-        Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
-        None => watcher::Config::default(),
-    };
+    let watched = config.watched_namespaces();
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watch)
-        .default_backoff()
+    let stream = scope::watch_namespaces(watched.as_deref(), &watcher::Config::default(), api)
         .modify(|ns: &mut NamespaceMeta| {
             ns.managed_fields_mut().clear();
         })
@@ -140,13 +136,10 @@ fn watch_resources(
     Store<Gcs>,
     impl Stream<Item = Result<Gcs, watcher::Error>> + Send + 'static,
 ) {
-    let api: Api<Gcs> = match &config.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let watched = config.watched_namespaces();
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default().any_semantic())
-        .default_backoff()
+    let watch = watcher::Config::default().any_semantic();
+    let stream = scope::watch_in(watched.as_deref(), &watch, api_in::<Gcs>(client))
         .modify(|g: &mut Gcs| {
             // Not needed by the reconciler; dropping it keeps the cache small.
             g.managed_fields_mut().clear();
@@ -233,18 +226,19 @@ fn watch_service_accounts(
     Store<ServiceAccountMeta>,
     impl Stream<Item = Result<ServiceAccountMeta, watcher::Error>> + Send + 'static,
 ) {
-    let api: Api<ServiceAccountMeta> = match &config.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let watched = config.watched_namespaces();
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(|sa: &mut ServiceAccountMeta| {
-            sa.managed_fields_mut().clear();
-        })
-        .reflect(writer)
-        .touched_objects();
+    let watch = watcher::Config::default();
+    let stream = scope::watch_in(
+        watched.as_deref(),
+        &watch,
+        api_in::<ServiceAccountMeta>(client),
+    )
+    .modify(|sa: &mut ServiceAccountMeta| {
+        sa.managed_fields_mut().clear();
+    })
+    .reflect(writer)
+    .touched_objects();
     (reader, stream)
 }
 
@@ -272,6 +266,19 @@ fn with_service_accounts(
     })
 }
 
+/// The API of `K` in one namespace, or in all (`None`).
+fn api_in<K>(client: &kube::Client) -> impl Fn(Option<&str>) -> Api<K> + use<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    let client = client.clone();
+    move |ns| match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// Caches of the bucket maps and binding Secrets (only those labelled as
 /// ours, and none with Service Binding off), kept by background watches (they trigger nothing: our own writes would only cause reconciles
 /// that change nothing). The maps keep their `managedFields` (one entry per
@@ -280,13 +287,7 @@ fn watch_published(
     client: &kube::Client,
     config: &OperatorConfig,
 ) -> (Store<ConfigMap>, Store<Secret>, Vec<JoinHandle<()>>) {
-    let (cm_api, secret_api): (Api<ConfigMap>, Api<Secret>) = match &config.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
+    let watched = config.watched_namespaces();
     let (configmaps, cm_writer) = reflector::store();
     let (secrets, secret_writer) = reflector::store();
     let cm_watch = watcher::Config::default().fields(&format!("metadata.name={}", config.map_name));
@@ -296,8 +297,7 @@ fn watch_published(
         publish::MANAGED_BY.1
     ));
     let cm_task = tokio::spawn(
-        watcher(cm_api, cm_watch)
-            .default_backoff()
+        scope::watch_in(watched.as_deref(), &cm_watch, api_in::<ConfigMap>(client))
             .reflect(cm_writer)
             .for_each(|_| async {}),
     );
@@ -305,8 +305,7 @@ fn watch_published(
     // Without Service Binding no Secret is read: the store stays empty.
     if config.service_binding {
         tasks.push(tokio::spawn(
-            watcher(secret_api, secret_watch)
-                .default_backoff()
+            scope::watch_in(watched.as_deref(), &secret_watch, api_in::<Secret>(client))
                 // The reconciler compares digests; the data stays out of memory.
                 .modify(publish::trim_cached_binding)
                 .reflect(secret_writer)
