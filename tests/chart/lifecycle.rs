@@ -373,3 +373,70 @@ async fn webhooks_without_a_replica(k: &str) -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn deleting_the_operator_base_leaves_the_crd_every_gcs_and_the_cluster_identity() -> TestResult
+{
+    let env = bucketmap_testkit::testenv::TestEnv::start().await?;
+    let k = kubeconfig_arg(&env)?;
+    let crd_base = format!("{ROOT}/deploy/crd");
+    let operator_base = format!("{ROOT}/deploy");
+    kubectl_ok(&k, &["apply", "-k", &crd_base], "").await?;
+    kubectl_ok(
+        &k,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=120s",
+            &format!("crd/{CRD_NAME}"),
+        ],
+        "",
+    )
+    .await?;
+    kubectl_ok(&k, &["apply", "-k", &operator_base], "").await?;
+    kubectl_ok(&k, &["create", "namespace", APPS], "").await?;
+    let manifests: Vec<String> = KEPT.iter().map(|n| gcs(n)).collect();
+    kubectl_ok(&k, &["apply", "-f", "-"], &manifests.join("---\n")).await?;
+    // What the operator derives and keeps when no cluster id is given.
+    let identity = bucketmap::cluster_id::CONFIGMAP;
+    kubectl_ok(
+        &k,
+        &[
+            "create",
+            "configmap",
+            identity,
+            "-n",
+            NAMESPACE,
+            "--from-literal=clusterID=derived-k3x9q2mw",
+        ],
+        "",
+    )
+    .await?;
+    let configmap_uid = |k: String| async move {
+        let cm = get_json(&k, &["configmap", "-n", NAMESPACE, identity]).await?;
+        anyhow::Ok(
+            cm["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    };
+    let before = uids(&k).await?;
+    let identity_before = configmap_uid(k.clone()).await?;
+
+    let deleted = kubectl_ok(&k, &["delete", "-k", &operator_base, "--wait=true"], "").await?;
+    assert!(
+        deleted.contains("deployment.apps \"bucketmap-operator\" deleted"),
+        "{deleted}"
+    );
+    assert!(!deleted.contains(CRD_NAME), "{deleted}");
+    assert_eq!(uids(&k).await?, before, "deleting deploy/ deleted data");
+    assert_eq!(configmap_uid(k.clone()).await?, identity_before);
+
+    // Applying the operator again recreates none of it.
+    kubectl_ok(&k, &["apply", "-k", &crd_base], "").await?;
+    kubectl_ok(&k, &["apply", "-k", &operator_base], "").await?;
+    assert_eq!(uids(&k).await?, before);
+    assert_eq!(configmap_uid(k.clone()).await?, identity_before);
+    Ok(())
+}
