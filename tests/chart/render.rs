@@ -311,6 +311,21 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
     }
     let sa = get(&objs, "ServiceAccount", "bucketmap")?;
     assert!(sa.pointer("/metadata/annotations").is_none(), "{sa:#}");
+    get(&objs, "PodDisruptionBudget", "bucketmap-operator")?;
+
+    // A single replica gets no budget, which would block node drains.
+    let single = objects(
+        &helm_template(&helm, &["--set", "replicas=1"]).await?,
+        "helm template --set replicas=1",
+    )?;
+    assert!(
+        get(&single, "PodDisruptionBudget", "bucketmap-operator").is_err(),
+        "one replica, yet a PodDisruptionBudget"
+    );
+    assert_eq!(
+        get(&single, "Deployment", "bucketmap-operator")?["spec"]["replicas"],
+        1
+    );
     Ok(())
 }
 
