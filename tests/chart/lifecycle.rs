@@ -353,10 +353,12 @@ async fn webhooks_without_a_replica(k: &str) -> TestResult {
         ),
         "the API server counted no failed-open call of the finalizer webhook"
     );
-    // Every API server metric an alert uses is one this API server exports.
-    let rules = super::monitoring::alert_rules().await?;
+    // Every API server metric an alert or a dashboard panel uses is one
+    // this API server exports.
+    let mut queries = super::monitoring::alert_rules().await?;
+    queries.extend(super::monitoring::dashboard_queries()?);
     let mut external = 0;
-    for (alert, expr) in &rules {
+    for (alert, expr) in &queries {
         for name in super::monitoring::metric_names(expr) {
             if name.starts_with("apiserver_") {
                 external += 1;
