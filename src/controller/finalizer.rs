@@ -9,10 +9,9 @@
 //! resource, as `cargo dev` does, or a namespace annotation) reads the
 //! cached object still without the finalizer, sends the same patch, and
 //! the API server answers 422 Invalid (the `test` op failed) although
-//! nothing is wrong. Here the add goes on with the object the patch
-//! returns, and a failed `test` leads to one live read: when the live
-//! object has the finalizer, the reconcile goes on with it; only a second
-//! failed `test` (another writer raced both reads) is a
+//! nothing is wrong. Here a failed `test` leads to one live read: when the
+//! live object has the finalizer, the reconcile goes on with it; only a
+//! second failed `test` (another writer raced both reads) is an
 //! [`Error::Conflict`], which the error policy retries quietly.
 
 use std::future::Future;
@@ -111,7 +110,10 @@ async fn attempt(api: &Api<Gcs>, obj: Arc<Gcs>) -> Result<Attempt> {
         )
         .await
     {
-        Ok(updated) => Ok(Attempt::Ready(Prepared::Go(Arc::new(updated)))),
+        // The write comes back through the watch and triggers the next
+        // reconcile, which finds the finalizer (or, when another watch
+        // triggers it first, the live object).
+        Ok(_) => Ok(Attempt::Ready(Prepared::Done(Action::await_change()))),
         Err(e) if failed_test(&e) => Ok(Attempt::Stale),
         Err(e) => Err(Error::kube(format!("add the finalizer to Gcs {name}"))(e)),
     }
