@@ -442,3 +442,68 @@ async fn deleting_the_operator_base_leaves_the_crd_every_gcs_and_the_cluster_ide
     assert_eq!(configmap_uid(k.clone()).await?, identity_before);
     Ok(())
 }
+
+/// The control of `upgrade_uninstall_and_reinstall_keep_the_crd_and_every_gcs`:
+/// without the resource policy, the same uninstall deletes the CRD and
+/// with it every `Gcs`, so the kept uids there are the policy's doing.
+#[tokio::test]
+async fn without_crds_keep_the_uninstall_deletes_the_crd_and_every_gcs() -> TestResult {
+    let helm = helm().await?;
+    let env = bucketmap_testkit::testenv::TestEnv::start().await?;
+    let k = kubeconfig_arg(&env)?;
+    let chart = chart_dir();
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "install",
+            RELEASE,
+            &chart,
+            "-n",
+            NAMESPACE,
+            "--create-namespace",
+            "--set",
+            "serviceAccount.gcpServiceAccount=",
+            "--set",
+            "crds.keep=false",
+        ],
+    )
+    .await?;
+    kubectl_ok(
+        &k,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=120s",
+            &format!("crd/{CRD_NAME}"),
+        ],
+        "",
+    )
+    .await?;
+    kubectl_ok(&k, &["create", "namespace", APPS], "").await?;
+    // Without the operator's finalizer, so that the deletion completes.
+    let plain = format!(
+        "apiVersion: storage.bucketmap.dev/v1alpha1\nkind: Gcs\nmetadata:\n  name: photos\n  \
+         namespace: {APPS}\nspec:\n  bucketName: photos\n"
+    );
+    kubectl_ok(&k, &["apply", "-f", "-"], &plain).await?;
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "uninstall",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout=2m",
+        ],
+    )
+    .await?;
+    let crd = kubectl(&k, &["get", "crd", CRD_NAME], "").await?;
+    assert!(
+        !crd.status.success() && String::from_utf8_lossy(&crd.stderr).contains("NotFound"),
+        "crds.keep=false, yet the CRD is still there"
+    );
+    Ok(())
+}
