@@ -53,8 +53,9 @@ enum Command {
     /// binary, which is always built from the current sources.
     #[command(hide = true)]
     Operator(Box<bucketmap::cli::OperatorArgs>),
-    /// Write the CRD generated from the Rust types to deploy/crd.yaml and the
-    /// Helm chart's crds/ (or, with --check, fail if either is stale).
+    /// Write the CRD generated from the Rust types to deploy/crd/crd.yaml and
+    /// the Helm chart's files/crd.yaml (or, with --check, fail if either is
+    /// stale).
     Crd(crd::CrdArgs),
     /// Write the sidecar's gRPC bucket-name table (sidecar/src/grpc/schema.rs)
     /// derived from the vendored protos (after tools/grpc/fetch.sh).

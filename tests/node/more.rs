@@ -119,17 +119,24 @@ pub async fn a_restricted_namespace_runs_the_injected_pod(c: Arc<Cluster>) -> Re
     app_wrote_hello(&c, &pod, &physical).await
 }
 
-/// Follows the log of `container` in `pod` until it ends; its lines with
-/// the kubelet's timestamps.
-async fn follow_log(pods: Api<Pod>, pod: String, container: &str) -> Result<Vec<String>> {
+/// Attaches to the log of `container` in `pod` (the API server has
+/// answered when this returns) and follows it in a task until it ends; its
+/// lines with the kubelet's timestamps.
+async fn follow_log(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+) -> Result<tokio::task::JoinHandle<Result<Vec<String>>>> {
     let params = LogParams {
         container: Some(container.to_owned()),
         follow: true,
         timestamps: true,
         ..LogParams::default()
     };
-    let stream = pods.log_stream(&pod, &params).await?;
-    Ok(stream.lines().try_collect().await?)
+    let stream = pods.log_stream(pod, &params).await?;
+    Ok(tokio::spawn(async move {
+        Ok(stream.lines().try_collect().await?)
+    }))
 }
 
 /// (d) Deleting the app's pod: the kubelet stops the app first; the app
@@ -139,10 +146,9 @@ pub async fn the_sidecar_outlives_the_app_at_pod_deletion(c: Arc<Cluster>) -> Re
     let pod = ready_pod(&c, "staging", "app=photo-app").await?;
     let name = pod.metadata.name.clone().context("pod without name")?;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "staging");
-    let app_log = tokio::spawn(follow_log(pods.clone(), name.clone(), "app"));
-    let sidecar_log = tokio::spawn(follow_log(pods.clone(), name.clone(), "bucketmap-sidecar"));
-    // Let both streams attach before the pod goes.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Both streams are attached before the pod goes.
+    let app_log = follow_log(&pods, &name, "app").await?;
+    let sidecar_log = follow_log(&pods, &name, "bucketmap-sidecar").await?;
     pods.delete(&name, &DeleteParams::default()).await?;
     let app = tokio::time::timeout(Duration::from_secs(120), app_log).await???;
     let sidecar = tokio::time::timeout(Duration::from_secs(120), sidecar_log).await???;
