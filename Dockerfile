@@ -9,7 +9,7 @@ WORKDIR /src
 COPY . .
 # The `dist` profile (Cargo.toml): `release` plus fat LTO and one codegen unit;
 # the sidecar's `dist-sidecar` also aborts on a panic, and tools/pgo/build.sh
-# builds it with the profile of its training run, sidecar/pgo/sidecar.profdata
+# builds it with the profile of its training run, tools/pgo/sidecar.profdata.xz
 # (profile-guided optimisation; tools/pgo/train.sh refreshes the profile).
 # One package per build: built together, Cargo would unify their dependencies'
 # features and link the operator's second crypto library (aws-lc) into the

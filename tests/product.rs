@@ -171,15 +171,24 @@ fn the_image_ships_the_sidecar_built_to_abort_on_a_panic_and_with_its_profile() 
     assert!(cargo.contains("--profile dist-sidecar"), "{cargo}");
     assert!(cargo.contains("-p bucketmap-sidecar"), "{cargo}");
     assert!(
-        script.contains("profile=\"$root/sidecar/pgo/sidecar.profdata\"")
+        script.contains("packed=\"$root/tools/pgo/sidecar.profdata.xz\"")
             && script.contains("-Cprofile-use=$profile"),
         "tools/pgo/build.sh does not build with the committed profile"
     );
-    // An indexed LLVM profile (what `llvm-profdata merge` writes).
-    let profile = std::fs::read(format!("{root}/sidecar/pgo/sidecar.profdata"))?;
+    // The committed profile: xz around an indexed LLVM profile (what
+    // `llvm-profdata merge` writes).
+    let packed = format!("{root}/tools/pgo/sidecar.profdata.xz");
     assert!(
-        profile.starts_with(b"\xfflprofi\x81"),
-        "sidecar/pgo/sidecar.profdata is not an indexed LLVM profile"
+        std::fs::read(&packed)?.starts_with(b"\xfd7zXZ\x00"),
+        "{packed} is not xz"
+    );
+    let profile = std::process::Command::new("xz")
+        .args(["-dc", &packed])
+        .output()?;
+    assert!(profile.status.success(), "xz -dc {packed} failed");
+    assert!(
+        profile.stdout.starts_with(b"\xfflprofi\x81"),
+        "{packed} does not hold an indexed LLVM profile"
     );
     let manifest = std::fs::read_to_string(format!("{root}/Cargo.toml"))?;
     let profile: Vec<&str> = manifest

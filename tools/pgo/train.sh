@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Refreshes sidecar/pgo/sidecar.profdata, the profile tools/pgo/build.sh
+# Refreshes tools/pgo/sidecar.profdata.xz, the profile tools/pgo/build.sh
 # builds the shipped sidecar with. Run it after changes to the sidecar's
-# request path, and commit the new profile with them.
+# request path or its dependencies, and commit the new profile with them.
 #
 #   1. builds the sidecar instrumented (-Cprofile-generate), in
 #      target/pgo-train/build;
@@ -11,7 +11,9 @@
 #      front of plain and TLS upstreams and over gRPC; each sidecar is
 #      stopped with SIGTERM and writes its counts as it exits;
 #   3. merges the counts (llvm-profdata merge --sparse: functions that never
-#      ran are left out, as they would count nothing) into the profile.
+#      ran are left out, as they would count nothing) into the profile, and
+#      compresses it (xz, one thread, so that the same profile always packs
+#      to the same bytes).
 #
 # llvm-profdata must read the raw profiles of rustc's LLVM: the one of the
 # toolchain's llvm-tools component when installed (rustup component add
@@ -47,5 +49,6 @@ BUCKETMAP_BENCH_PHASES=train BUCKETMAP_BENCH_SIDECAR_BIN="$instrumented" \
 shopt -s nullglob
 raw=("$profiles"/*.profraw)
 (( ${#raw[@]} > 0 )) || { echo "pgo: the training run wrote no profile in $profiles" >&2; exit 1; }
-"$profdata" merge --sparse -o "$root/sidecar/pgo/sidecar.profdata" "${raw[@]}"
-echo "pgo: wrote sidecar/pgo/sidecar.profdata from ${#raw[@]} raw profile(s) with $profdata" >&2
+"$profdata" merge --sparse -o "$work/sidecar.profdata" "${raw[@]}"
+xz -9e -T1 -c "$work/sidecar.profdata" >"$root/tools/pgo/sidecar.profdata.xz"
+echo "pgo: wrote tools/pgo/sidecar.profdata.xz from ${#raw[@]} raw profile(s) with $profdata" >&2
