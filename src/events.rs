@@ -5,8 +5,8 @@
 //! reconcile retries for as long as the fault lasts). To do that it keeps
 //! every event it published in memory for six minutes, and scans that cache
 //! on each publish: for one-off `Normal` events (`Created`, `Updated`, ...)
-//! that nobody repeats, this grew the operator's memory by about 4 MiB per
-//! 1000 new resources, and its CPU with the square of them. Those are
+//! that nobody repeats, this grew the operator's memory with every new
+//! resource, and its CPU with the square of their number. Those are
 //! created directly instead, with the same fields, and nothing is kept.
 //!
 //! Publishing never waits for the API server. Events go into a bounded queue

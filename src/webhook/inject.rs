@@ -136,12 +136,11 @@ fn admin_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe
     }
 }
 
-/// Requests and limits, from docs/BENCHMARKS.md: 7.6 MiB resident idle,
-/// 18.6-19.4 MiB at 64 concurrent streams (21.7 MiB with two threads). The
-/// request covers a busy pod's 64 streams; the limit leaves room for the
-/// 256 requests --max-concurrent-requests admits (about 0.2 MiB each) and a
-/// few large metadata bodies. CPU is requested (about 0.1 ms per metadata
-/// request) but not limited: a CPU limit throttles every request it serves.
+/// Requests and limits, sized from the memory figures on
+/// docs/BENCHMARKS.md: the request covers a busy pod's 64 concurrent
+/// streams; the limit leaves room for the 256 requests
+/// --max-concurrent-requests admits and a few large metadata bodies. CPU is
+/// requested but not limited: a CPU limit throttles every request it serves.
 fn resources() -> ResourceRequirements {
     let quantity = |s: &str| Quantity(s.to_owned());
     ResourceRequirements {
