@@ -51,8 +51,13 @@ pub(super) fn watch_namespaces<K>(
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let Some(names) = namespaces else {
-        return watch(api, config.clone()).default_backoff().boxed();
+    let names = match namespaces {
+        None => return watch(api, config.clone()).default_backoff().boxed(),
+        Some([one]) => {
+            let by_name = config.clone().fields(&format!("metadata.name={one}"));
+            return watch(api, by_name).default_backoff().boxed();
+        }
+        Some(names) => names,
     };
     let watches = names.iter().enumerate().map(|(i, ns)| {
         let by_name = config.clone().fields(&format!("metadata.name={ns}"));
