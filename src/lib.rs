@@ -146,3 +146,27 @@ impl Error {
 
 /// Result of reconciler steps.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "message": "test", "reason": "Test", "code": code,
+        }))
+        .expect("a Status");
+        Error::kube("patch Gcs photos")(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn only_conflicts_with_other_writers_are_retried_quietly() {
+        assert!(Error::Conflict("finalizers changed".into()).is_expected_conflict());
+        assert!(api_error(409).is_expected_conflict());
+        for code in [403, 404, 422, 500] {
+            assert!(!api_error(code).is_expected_conflict(), "{code}");
+        }
+        assert!(!Error::DeletionBlocked("not empty".into()).is_expected_conflict());
+        assert_eq!(Error::Conflict(String::new()).metric_label(), "conflict");
+    }
+}
