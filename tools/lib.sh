@@ -85,3 +85,10 @@ build_once() {
   trap - EXIT
   log "built in $((SECONDS - start))s"
 }
+
+# pinned_version_in DIR MODULE: like pinned_version, for the go.mod in DIR
+# (a second pinned build kept in a subdirectory of the sourcing script's).
+pinned_version_in() {
+  local tools_dir=$1
+  pinned_version "$2"
+}

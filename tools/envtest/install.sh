@@ -3,13 +3,22 @@
 # integration tests and `cargo dev`, the same ones controller-runtime's
 # envtest runs.
 #
+# Usage: install.sh [--newest]
+#
 # Prints, as the last line of stdout, a directory holding `kube-apiserver` and
-# `etcd`:
+# `etcd`, usable as KUBEBUILDER_ASSETS:
 #   1. $KUBEBUILDER_ASSETS, when set and it holds both binaries;
 #   2. otherwise the cache directory
 #        ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/envtest/k8s-v<K8S>-etcd-v<ETCD>
 #      (versions read from go.mod next to this script), building the binaries
 #      from the pinned Go module on first use (see ../lib.sh).
+#
+# With --newest, the directory holds the kube-apiserver pinned in
+# newest/go.mod (the newest Kubernetes release, which the tests run against
+# besides the pinned one) and the pinned etcd, copied from the pinned
+# directory: k8s-v<NEWEST K8S>-etcd-v<ETCD>. KUBEBUILDER_ASSETS is not read
+# then: it stands for the pinned binaries, and the caller sets it to what this
+# prints for the run against the newest.
 #
 # Progress goes to stderr. Safe to run concurrently.
 set -euo pipefail
@@ -19,9 +28,16 @@ tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$tools_dir/../lib.sh"
 
+newest=false
+case "$#:${1:-}" in
+  0:) ;;
+  1:--newest) newest=true ;;
+  *) die "usage: install.sh [--newest]" ;;
+esac
+
 has_assets() { [[ -x "$1/kube-apiserver" && -x "$1/etcd" ]]; }
 
-if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+if [[ $newest == false && -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   if has_assets "$KUBEBUILDER_ASSETS"; then
     printf '%s\n' "$KUBEBUILDER_ASSETS"
     exit 0
@@ -32,6 +48,18 @@ fi
 k8s_version="$(pinned_version k8s.io/kubernetes)"
 etcd_version="$(pinned_version go.etcd.io/etcd/server/v3)"
 assets="$(cache_root)/envtest/k8s-$k8s_version-etcd-$etcd_version"
+newest_dir="$tools_dir/newest"
+
+# check_apiserver_version DIR VERSION: fails unless DIR/kube-apiserver says it
+# is VERSION (the ldflags stamp it; a server that misreports its version
+# would have the tests check the wrong one).
+check_apiserver_version() {
+  local reported
+  reported="$("$1/kube-apiserver" --version)" || return 1
+  [[ $reported == "Kubernetes $2" ]] && return 0
+  log "the built kube-apiserver reports '$reported', not 'Kubernetes $2'"
+  return 1
+}
 
 build() {
   local ldflags built
@@ -48,7 +76,28 @@ build() {
       break
     fi
   done
+  check_apiserver_version "$1" "$k8s_version"
+}
+
+# build_newest DIR: the newest kube-apiserver beside a copy of the pinned etcd
+# (a copy, not a link, so that rebuilding the pinned directory cannot break
+# this one).
+build_newest() {
+  log "building kube-apiserver $newest_version into $newest_assets, with etcd $etcd_version from $assets"
+  log "(first run only; this takes several minutes and needs the Go module proxy or a warm module cache)"
+  (cd "$newest_dir" && go build -trimpath -ldflags="$(kubernetes_ldflags "$newest_version")" \
+    -o "$1/" k8s.io/kubernetes/cmd/kube-apiserver) || return 1
+  cp -- "$assets/etcd" "$1/etcd" || return 1
+  check_apiserver_version "$1" "$newest_version"
 }
 
 build_once "$assets" has_assets build KUBEBUILDER_ASSETS
-printf '%s\n' "$assets"
+if [[ $newest == false ]]; then
+  printf '%s\n' "$assets"
+  exit 0
+fi
+
+newest_version="$(pinned_version_in "$newest_dir" k8s.io/kubernetes)"
+newest_assets="$(cache_root)/envtest/k8s-$newest_version-etcd-$etcd_version"
+build_once "$newest_assets" has_assets build_newest KUBEBUILDER_ASSETS
+printf '%s\n' "$newest_assets"
