@@ -15,6 +15,11 @@
 
 #![forbid(unsafe_code)]
 
+/// The field manager of every write the operator makes (server-side apply
+/// of status, the bucket maps and the binding Secrets): one name, so that
+/// what the operator owns in an object is what this manager owns.
+pub const FIELD_MANAGER: &str = "bucketmap";
+
 pub mod bucket_map;
 pub mod cli;
 pub mod cluster_id;

@@ -8,7 +8,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bucketmap::bucket_map::{DEFAULT_MAX_MAP_BYTES, MAP_FIELD_MANAGER, entry_cost};
+use bucketmap::FIELD_MANAGER;
+use bucketmap::bucket_map::{DEFAULT_MAX_MAP_BYTES, entry_cost};
 use common::{Fixture, physical, uid};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
@@ -137,7 +138,7 @@ async fn the_api_server_accepts_the_largest_maps_the_budget_admits() -> TestResu
             })
             .collect();
         assert_eq!(data.len(), count, "distinct keys");
-        let written = apply_map(&f, MAP_FIELD_MANAGER, &data).await;
+        let written = apply_map(&f, FIELD_MANAGER, &data).await;
         assert!(
             written.is_ok(),
             "{count} entries of {logical_len}+{physical_len} characters refused: {written:?}"

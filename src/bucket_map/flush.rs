@@ -9,7 +9,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::plan::{self, Inputs, Plan, Verdict, entry_cost};
-use super::{BucketMaps, MAP_FIELD_MANAGER, NamespaceMap, Refused, lock};
+use super::{BucketMaps, NamespaceMap, Refused, lock};
+use crate::FIELD_MANAGER;
 use crate::publish::MANAGED_BY;
 use crate::{Error, Result};
 
@@ -215,7 +216,7 @@ impl BucketMaps {
         match api
             .patch(
                 name,
-                &PatchParams::apply(MAP_FIELD_MANAGER),
+                &PatchParams::apply(FIELD_MANAGER),
                 &Patch::Apply(&patch),
             )
             .await

@@ -4,7 +4,7 @@
 //!
 //! **One writer per namespace.** The whole map of a namespace is computed
 //! from the resources that claim an entry ([`Claim`], [`Verdict`]) and written by a single
-//! server-side-apply field manager ([`MAP_FIELD_MANAGER`]), so a write costs
+//! server-side-apply field manager ([`crate::FIELD_MANAGER`]), so a write costs
 //! the API server O(entries) and `managedFields` stays one entry long. Claims
 //! arriving close together are coalesced: after the first one a short
 //! debounce passes, then one write carries every claim made so far, and at
@@ -45,9 +45,6 @@ pub use plan::{Claim, Contender, Verdict, entry_cost};
 use crate::crd::Gcs;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
-
-/// Field manager of every bucket map write.
-pub const MAP_FIELD_MANAGER: &str = "bucketmap";
 
 /// Budget for the entries of one map, in [`entry_cost`] bytes. Below the API
 /// server's 1 MiB limit on a ConfigMap's data and etcd's 1.5 MiB limit on a
@@ -320,7 +317,7 @@ impl BucketMaps {
     fn owned_keys(&self, ns: &str) -> BTreeSet<String> {
         self.configmaps
             .get(&ObjectRef::new(&self.settings.map_name).within(ns))
-            .map(|cm| owned_data_keys(&cm, MAP_FIELD_MANAGER))
+            .map(|cm| owned_data_keys(&cm, crate::FIELD_MANAGER))
             .unwrap_or_default()
     }
 

@@ -45,8 +45,7 @@ use crate::{Error, Result};
 
 pub use watches::run;
 
-/// Field manager of the operator's writes.
-pub const FIELD_MANAGER: &str = "bucketmap";
+pub use crate::FIELD_MANAGER;
 /// Namespace annotation naming the project of the namespace's buckets.
 pub const PROJECT_ANNOTATION: &str = "bucketmap.dev/project-id";
 
