@@ -236,13 +236,12 @@ fn remove_runtime_leftovers(layout: &Layout) -> Result<()> {
         let name: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         stale.push(Path::new("/run/containerd/s").join(name));
     }
-    let prefix = format!("{CNI_NETWORK}-");
     if let Ok(results) = std::fs::read_dir("/var/lib/cni/results") {
         stale.extend(
             results
                 .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .map(|e| e.path()),
+                .map(|e| e.path())
+                .filter(|path| cni_result_is_ours(path, layout)),
         );
     }
     stale.push(PathBuf::from(
@@ -256,7 +255,49 @@ fn remove_runtime_leftovers(layout: &Layout) -> Result<()> {
         };
         removed.with_context(|| format!("cannot remove {}", path.display()))?;
     }
+    remove_empty_runtime_dirs();
     Ok(())
+}
+
+/// A cached CNI result of the node: its network's (named after it), or one
+/// whose interfaces live in a network namespace under the node's state
+/// directory (the loopback plugin's, `cni-loopback-<sandbox>-lo`).
+fn cni_result_is_ours(path: &Path, layout: &Layout) -> bool {
+    let named = path
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{CNI_NETWORK}-")));
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return named;
+    };
+    let Ok(cached) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return named;
+    };
+    let interfaces = cached["result"]["interfaces"].as_array();
+    named
+        || interfaces.into_iter().flatten().any(|i| {
+            i["sandbox"]
+                .as_str()
+                .is_some_and(|s| Path::new(s).starts_with(&layout.dir))
+        })
+}
+
+/// The directories containerd and the kubelet create at those fixed paths,
+/// removed when the node's files were all they held (a directory that
+/// still holds anything, another runtime's for instance, stays).
+fn remove_empty_runtime_dirs() {
+    for dir in [
+        "/run/containerd/runc/k8s.io",
+        "/run/containerd/runc",
+        "/run/containerd/s",
+        "/run/containerd",
+        "/var/lib/cni/results",
+        "/var/lib/cni",
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet",
+    ] {
+        // Not empty or absent: left as it is.
+        let _ = std::fs::remove_dir(dir);
+    }
 }
 
 /// The kubelet links every container's log into `/var/log/containers`,
