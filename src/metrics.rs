@@ -46,6 +46,8 @@ pub struct Metrics {
     conflicts: Counter,
     /// All failures (the sum of `failures`, which has no iterator); not exported.
     failed: Counter,
+    /// Reconciles that ended, their outcome counted; not exported.
+    ended: Counter,
     reconcile_duration: Histogram,
     gcs_calls: Family<GcsCallLabels, Counter>,
     gcs_duration: Family<MethodLabels, Histogram>,
@@ -114,6 +116,7 @@ impl Default for Metrics {
             failures,
             conflicts,
             failed: Counter::default(),
+            ended: Counter::default(),
             reconcile_duration,
             gcs_calls,
             gcs_duration,
@@ -144,6 +147,12 @@ impl Metrics {
     /// Counts a reconcile that met an expected conflict (retried quietly).
     pub fn reconcile_conflict(&self) {
         self.conflicts.inc();
+    }
+
+    /// Reconciles that ended so far. A reconcile's outcome (failure or
+    /// conflict) is counted before it counts as ended.
+    pub fn reconcile_ended_count(&self) -> u64 {
+        self.ended.get()
     }
 
     /// Failed reconciles so far, over all errors.
@@ -236,6 +245,7 @@ pub struct ReconcileMeasurer<'a> {
 
 impl Drop for ReconcileMeasurer<'_> {
     fn drop(&mut self) {
+        self.metrics.ended.inc();
         self.metrics
             .reconcile_duration
             .observe(self.started.elapsed().as_secs_f64());

@@ -153,17 +153,31 @@ pub struct Context {
     slots: Slots,
 }
 
-/// Entry point of one reconciliation.
+/// Entry point of one reconciliation. Its outcome is counted here, before
+/// the reconcile counts as ended, so a reader of the metrics that sees it
+/// ended sees its failure too.
 #[instrument(skip_all, fields(gcs = %obj.name_any(), namespace = obj.namespace().unwrap_or_default()))]
 pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_started();
+    let result = reconcile_one(&obj, &ctx).await;
+    if let Err(error) = &result {
+        if error.is_expected_conflict() {
+            ctx.metrics.reconcile_conflict();
+        } else {
+            ctx.metrics.reconcile_failed(&error.metric_label());
+        }
+    }
+    result
+}
+
+async fn reconcile_one(obj: &Arc<Gcs>, ctx: &Arc<Context>) -> Result<Action> {
     let ns = obj
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<Gcs> = Api::namespaced(ctx.client.clone(), &ns);
     let mut slot = ctx.slots.acquire().await?;
-    let mut status = status::StatusWriter::new(&obj, &ctx);
-    let (writer, context, held) = (&mut status, &*ctx, &mut slot);
+    let mut status = status::StatusWriter::new(obj, ctx);
+    let (writer, context, held) = (&mut status, &**ctx, &mut slot);
     let result = finalizer::finalizer(&api, obj.clone(), move |event| async move {
         match event {
             finalizer::Event::Apply(g) => apply::apply(g, context, writer, held).await,
@@ -176,23 +190,21 @@ pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
     })
     .await;
     match &result {
-        Ok(_) => ctx.failures.forget(&ObjectRef::from_obj(&*obj)),
-        Err(e) => Box::pin(status::report_failure(&obj, &ctx, &mut status, e)).await,
+        Ok(_) => ctx.failures.forget(&ObjectRef::from_obj(&**obj)),
+        Err(e) => Box::pin(status::report_failure(obj, ctx, &mut status, e)).await,
     }
     result
 }
 
 /// Backoff after a failed reconcile: exponential per object, capped.
 /// An expected conflict with another writer is retried quietly: logged at
-/// debug level and counted apart from failures.
+/// debug level (the metrics counted it in [`reconcile`]).
 pub fn error_policy(obj: Arc<Gcs>, error: &Error, ctx: Arc<Context>) -> Action {
     let failures = ctx.failures.record(ObjectRef::from_obj(&*obj));
     let delay = backoff(error, failures);
     if error.is_expected_conflict() {
-        ctx.metrics.reconcile_conflict();
         debug!(gcs = %obj.name_any(), error = %error, retry_in = ?delay, "conflict; retrying");
     } else {
-        ctx.metrics.reconcile_failed(&error.metric_label());
         warn!(gcs = %obj.name_any(), error = %error, retry_in = ?delay, "reconcile failed");
     }
     Action::requeue(jitter(delay))
