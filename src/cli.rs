@@ -52,6 +52,12 @@ pub struct OperatorArgs {
     /// Project for resources whose spec and namespace name none.
     #[arg(long, env = "BUCKETMAP_DEFAULT_PROJECT")]
     default_project: Option<String>,
+    /// The tenancy policy, a YAML file: which namespaces may use which
+    /// projects, storage classes, locations, forceDestroy, and how many
+    /// buckets (see README). Without it, every namespace may use the
+    /// default project only (its annotation's, else --default-project).
+    #[arg(long, env = "BUCKETMAP_TENANCY_POLICY", value_parser = tenancy_policy)]
+    tenancy_policy: Option<crate::tenancy::Policy>,
     /// Drift check period per resource (jittered ±10 %).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     resync: Duration,
@@ -236,6 +242,10 @@ pub fn gcp_service_account(value: &str) -> Result<GcpServiceAccount, String> {
     }
 }
 
+fn tenancy_policy(path: &str) -> Result<crate::tenancy::Policy, String> {
+    crate::tenancy::Policy::from_file(std::path::Path::new(path)).map_err(|e| format!("{e:#}"))
+}
+
 fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
     OperatorConfig {
         cluster_id,
@@ -259,6 +269,7 @@ fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
                 pool,
                 project_number,
             }),
+        tenancy: Arc::new(args.tenancy_policy.clone().unwrap_or_default()),
     }
 }
 
@@ -455,15 +466,28 @@ async fn start_webhook(
         map_name: args.map_name.clone(),
         extra_args: args.sidecar_args.clone(),
     };
-    let watched = operator_config(args, String::new()).watched_namespaces();
+    let config = operator_config(args, String::new());
+    let watched = config.watched_namespaces();
+    let policy = webhook::PolicyCheck {
+        client: client.clone(),
+        policy: config.tenancy.clone(),
+        default_project: config.default_project.clone(),
+        watched: watched.clone(),
+    };
     let delay = args.shutdown_delay;
     let shutdown = async move {
         stopped(stop).await;
         tokio::time::sleep(delay).await;
     };
     let drain = args.webhook_drain_timeout;
-    Ok(tokio::spawn(webhook::serve(
-        addr, certs, cfg, watched, shutdown, drain,
+    Ok(tokio::spawn(webhook::serve_checked(
+        addr,
+        certs,
+        cfg,
+        watched,
+        Some(policy),
+        shutdown,
+        drain,
     )))
 }
 

@@ -24,6 +24,8 @@ pub mod reason {
     pub const PROJECT_NOT_ALLOWED: &str = "ProjectNotAllowed";
     /// No project could be resolved.
     pub const PROJECT_MISSING: &str = "ProjectMissing";
+    /// The tenancy policy does not allow the resource (`crate::tenancy`).
+    pub const NOT_ALLOWED_BY_POLICY: &str = "NotAllowedByPolicy";
     /// The project resolves differently than where the bucket lives.
     pub const PROJECT_CHANGED: &str = "ProjectChanged";
     /// The spec is invalid (caught again by the operator).

@@ -37,6 +37,7 @@ pub mod publish;
 pub mod settings;
 pub mod slots;
 pub mod telemetry;
+pub mod tenancy;
 pub mod webhook;
 
 /// Chooses the process-wide rustls crypto provider. Both ring (kube-rs) and

@@ -50,7 +50,18 @@ pub(super) async fn apply(
     // are admitted at once (src/slots.rs). Boxed, a phase's state exists only
     // while it runs.
     phase!(Box::pin(validate(&obj, ctx, status)).await?);
-    let project = phase!(Box::pin(resolve_project(&obj, ctx, status, slot)).await?);
+    let (project, default_project) =
+        phase!(Box::pin(resolve_project(&obj, ctx, status, slot)).await?);
+    phase!(
+        Box::pin(check_policy(
+            &obj,
+            ctx,
+            status,
+            &project,
+            default_project.as_deref()
+        ))
+        .await?
+    );
     let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
     let identity = Identity {
         cluster: &ctx.config.cluster_id,
@@ -98,13 +109,14 @@ async fn validate(
     Ok(ControlFlow::Continue(()))
 }
 
-/// Phase 2: the project the bucket must live in.
+/// Phase 2: the project the bucket must live in, and the namespace's
+/// default project (its annotation's, else the operator's).
 async fn resolve_project(
     obj: &Gcs,
     ctx: &Context,
     status: &mut StatusWriter<'_>,
     slot: &mut Slot,
-) -> Result<ControlFlow<Action, String>> {
+) -> Result<ControlFlow<Action, (String, Option<String>)>> {
     let ns = obj.namespace().unwrap_or_default();
     let annotated = namespace_project(ctx, &ns, &status.status, slot).await?;
     let resolved = project_for(
@@ -114,10 +126,64 @@ async fn resolve_project(
         ctx.config.default_project.as_deref(),
     )
     .and_then(|project| still_in_recorded_project(&status.status, project));
+    let default = annotated
+        .filter(|p| !p.is_empty())
+        .or_else(|| ctx.config.default_project.clone());
     match resolved {
-        Ok(project) => Ok(ControlFlow::Continue(project)),
+        Ok(project) => Ok(ControlFlow::Continue((project, default))),
         Err(refusal) => {
             status.not_ready(refusal.reason, refusal.message).await?;
+            Ok(ControlFlow::Break(resync(ctx)))
+        }
+    }
+}
+
+/// Phase 3: the tenancy policy allows the resource. Before the bucket
+/// exists, the namespace's resources are counted against its limit; after,
+/// the rest is still checked (a spec changed to a class the policy does not
+/// allow is refused), but nothing is ever deleted for it.
+async fn check_policy(
+    obj: &Gcs,
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    project: &str,
+    default_project: Option<&str>,
+) -> Result<ControlFlow<Action>> {
+    let ns = obj.namespace().unwrap_or_default();
+    let labels = ctx
+        .namespaces
+        .get(&ObjectRef::new(&ns))
+        .map(|meta| meta.labels().clone())
+        .unwrap_or_default();
+    let buckets = if status.status.bucket_full_name.is_none() && ctx.config.tenancy.limits_count() {
+        let api: kube::Api<Gcs> = kube::Api::namespaced(ctx.client.clone(), &ns);
+        let list = api
+            .list_metadata(&kube::api::ListParams::default())
+            .await
+            .map_err(|source| crate::Error::Kube {
+                action: format!("count the Gcs resources of namespace {ns}"),
+                source,
+            })?;
+        Some(list.items.len().max(1))
+    } else {
+        None
+    };
+    let request = crate::tenancy::Request {
+        namespace: &ns,
+        namespace_labels: &labels,
+        project,
+        default_project,
+        storage_class: obj.spec.storage_class.as_gcs(),
+        location: &obj.spec.location,
+        force_destroy: obj.spec.force_destroy,
+        buckets,
+    };
+    match ctx.config.tenancy.allows(&request) {
+        Ok(()) => Ok(ControlFlow::Continue(())),
+        Err(refusal) => {
+            status
+                .not_ready(reason::NOT_ALLOWED_BY_POLICY, refusal.0)
+                .await?;
             Ok(ControlFlow::Break(resync(ctx)))
         }
     }

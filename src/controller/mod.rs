@@ -85,6 +85,9 @@ pub struct OperatorConfig {
     /// without the `iam.gke.io/gcp-service-account` annotation are granted
     /// as its principals. Without it they need the annotation.
     pub workload_identity: Option<WorkloadIdentity>,
+    /// Which namespaces may use which projects, classes, locations
+    /// ([`crate::tenancy`]).
+    pub tenancy: Arc<crate::tenancy::Policy>,
 }
 
 impl Default for OperatorConfig {
@@ -105,6 +108,7 @@ impl Default for OperatorConfig {
             map_debounce: bucket_map::DEFAULT_DEBOUNCE,
             map_writers: bucket_map::DEFAULT_WRITERS,
             workload_identity: None,
+            tenancy: Arc::default(),
         }
     }
 }

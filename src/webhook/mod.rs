@@ -8,9 +8,12 @@
 //!   `deploy/webhook.yaml` for the failure policy and why).
 //! - `POST /mutate-gcs` sets the operator's finalizer on a new `Gcs`
 //!   ([`finalizer`]); the controller does not depend on it.
+//! - `POST /validate-gcs` refuses a `Gcs` the tenancy policy does not
+//!   allow ([`policy`]); it changes nothing.
 
 pub mod finalizer;
 pub mod inject;
+pub mod policy;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -27,6 +30,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use tracing::{debug, info, warn};
 
 pub use inject::InjectionConfig;
+pub use policy::PolicyCheck;
 use tls::CertResolver;
 
 /// The request of an AdmissionReview, or the answer to a malformed one
@@ -97,6 +101,13 @@ async fn mutate_gcs(
     Json(finalizer::review(body, watched.as_deref()))
 }
 
+async fn validate_gcs(
+    State(check): State<Arc<PolicyCheck>>,
+    Json(body): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    Json(policy::review(body, &check).await)
+}
+
 async fn mutate_pods(
     State(cfg): State<Arc<InjectionConfig>>,
     Json(body): Json<AdmissionReview<DynamicObject>>,
@@ -116,18 +127,37 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
     drain: Duration,
 ) -> anyhow::Result<()> {
+    serve_checked(addr, certs, cfg, watched, None, shutdown, drain).await
+}
+
+/// [`serve`], with the tenancy policy's webhook when `policy` is given.
+pub async fn serve_checked(
+    addr: SocketAddr,
+    certs: Arc<CertResolver>,
+    cfg: InjectionConfig,
+    watched: Option<Vec<String>>,
+    policy: Option<PolicyCheck>,
+    shutdown: impl std::future::Future<Output = ()>,
+    drain: Duration,
+) -> anyhow::Result<()> {
     let mut tls = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_cert_resolver(certs);
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let app = axum::Router::new()
+    let mut app = axum::Router::new()
         .route("/mutate-pods", post(mutate_pods))
         .route(
             "/mutate-gcs",
             post(mutate_gcs).with_state(Arc::new(watched)),
         )
         .with_state(Arc::new(cfg));
+    if let Some(check) = policy {
+        app = app.route(
+            "/validate-gcs",
+            post(validate_gcs).with_state(Arc::new(check)),
+        );
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for the webhook"))?;

@@ -43,6 +43,16 @@ pub fn shipped_finalizer_webhook(
     url: &str,
     ca_pem: Option<&str>,
 ) -> anyhow::Result<serde_json::Value> {
+    shipped_webhook("finalizer.gcs.bucketmap.dev", url, ca_pem)
+}
+
+/// The webhook `name` of `deploy/webhook.yaml` as shipped, calling `url`
+/// instead of the Service, trusting `ca_pem` when given.
+pub fn shipped_webhook(
+    name: &str,
+    url: &str,
+    ca_pem: Option<&str>,
+) -> anyhow::Result<serde_json::Value> {
     use anyhow::Context as _;
     use base64::Engine as _;
     use serde::Deserialize as _;
@@ -53,11 +63,9 @@ pub fn shipped_finalizer_webhook(
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let doc = serde_json::to_value(serde_yaml::Value::deserialize(doc)?)?;
         let hooks = doc["webhooks"].as_array().cloned().unwrap_or_default();
-        shipped = shipped.or(hooks
-            .into_iter()
-            .find(|w| w["name"] == "finalizer.gcs.bucketmap.dev"));
+        shipped = shipped.or(hooks.into_iter().find(|w| w["name"] == name));
     }
-    let mut hook = shipped.context("deploy/webhook.yaml has no finalizer.gcs.bucketmap.dev")?;
+    let mut hook = shipped.with_context(|| format!("deploy/webhook.yaml has no {name}"))?;
     hook["clientConfig"] = serde_json::json!({ "url": url });
     if let Some(ca) = ca_pem {
         hook["clientConfig"]["caBundle"] =

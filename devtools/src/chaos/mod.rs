@@ -137,9 +137,7 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
     let mut rng = fastrand::Rng::with_seed(seed);
     eprintln!("starting a local control plane and the mock GCS...");
     let mut world = start(args).await?;
-    let projects: Vec<String> = (0..args.projects.max(1))
-        .map(|i| format!("chaos-project-{i}"))
-        .collect();
+    let projects = project_names(args);
     let foreign = foreign_buckets(&world.gcs(), &projects, &mut rng)?;
     let plan = plan::plan(&mut rng, args.resources, &world.namespaces, &projects);
     print_plan(args, &plan);
@@ -306,6 +304,32 @@ fn fault_kinds(
     ]
 }
 
+/// The projects the resources are spread over.
+fn project_names(args: &ChaosArgs) -> Vec<String> {
+    (0..args.projects.max(1))
+        .map(|i| format!("chaos-project-{i}"))
+        .collect()
+}
+
+/// A tenancy policy that lets every namespace use the run's projects,
+/// written for the replicas' `--tenancy-policy`.
+fn write_tenancy_policy(
+    args: &ChaosArgs,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let policy = bucketmap::tenancy::Policy {
+        rules: vec![bucketmap::tenancy::Rule {
+            name: Some("chaos".to_owned()),
+            projects: project_names(args),
+            ..Default::default()
+        }],
+    };
+    let path = dir.join("tenancy-policy.yaml");
+    std::fs::write(&path, serde_yaml::to_string(&policy)?)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
 async fn start_replicas(
     args: &ChaosArgs,
     world: &Run,
@@ -320,6 +344,7 @@ async fn start_replicas(
         kubeconfig: world.env.kubeconfig_path().to_path_buf(),
         gcs_endpoint: world.mock.endpoint(),
         lease_namespace: world.lease_namespace.clone(),
+        tenancy_policy: write_tenancy_policy(args, &log_dir)?,
         log_dir,
     };
     let plan = KillPlan {

@@ -28,6 +28,8 @@ pub struct ReplicaSpec {
     pub lease_namespace: String,
     /// Where each replica's stderr is appended (`replica-0.log`, ...).
     pub log_dir: PathBuf,
+    /// The replicas' `--tenancy-policy`.
+    pub tenancy_policy: PathBuf,
 }
 
 /// When to kill: `kills` times, each after a random pause in `interval`.
@@ -247,6 +249,8 @@ fn spawn(spec: &ReplicaSpec, slot: usize) -> anyhow::Result<Child> {
         .args(["operator", "--gcs-anonymous"])
         .args(["--gcs-endpoint", &spec.gcs_endpoint])
         .args(["--bucket-ops-interval", "0s"])
+        .arg("--tenancy-policy")
+        .arg(&spec.tenancy_policy)
         .args(["--leader-elect", "--leader-election-namespace"])
         .arg(&spec.lease_namespace)
         .args(["--lease-duration", "4s", "--lease-renew-margin", "2s"])
