@@ -53,6 +53,13 @@ fn comparable(mut objects: BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
     for obj in objects.values_mut() {
         strip(obj, "/metadata/labels", HELM_ONLY_LABELS);
         strip(obj, "/metadata/annotations", HELM_ONLY_ANNOTATIONS);
+        // Rolls the operator on `helm upgrade` when the policy changed;
+        // kubectl users restart it (deploy/tenancy.yaml says so).
+        strip(
+            obj,
+            "/spec/template/metadata/annotations",
+            &["checksum/tenancy"],
+        );
     }
     objects
 }
@@ -266,6 +273,8 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
             "--set-string",
             "workloadIdentity.projectNumber=123456789012",
             "--set-json",
+            r#"tenancy.rules=[{"name":"team-a","namespaces":["team-a-*"],"projects":["a-prod"],"maxBucketsPerNamespace":5}]"#,
+            "--set-json",
             r#"affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["system"]}]}]}}}"#,
         ],
     )
@@ -309,6 +318,26 @@ async fn the_chart_values_change_what_it_renders() -> TestResult {
             "{container:#}"
         );
     }
+    let policy = get(&objs, "ConfigMap", "bucketmap-tenancy")?["data"]["policy.yaml"]
+        .as_str()
+        .context("no policy.yaml in the tenancy ConfigMap")?
+        .to_owned();
+    let policy: bucketmap::tenancy::Policy = serde_yaml::from_str(&policy)?;
+    let rule = policy.rules.first().context("no rule rendered")?;
+    assert_eq!(
+        (
+            rule.name.as_deref(),
+            &rule.namespaces,
+            &rule.projects,
+            rule.max_buckets_per_namespace
+        ),
+        (
+            Some("team-a"),
+            &vec!["team-a-*".to_owned()],
+            &vec!["a-prod".to_owned()],
+            Some(5)
+        )
+    );
     let sa = get(&objs, "ServiceAccount", "bucketmap")?;
     assert!(sa.pointer("/metadata/annotations").is_none(), "{sa:#}");
     get(&objs, "PodDisruptionBudget", "bucketmap-operator")?;
@@ -415,6 +444,16 @@ async fn the_schema_refuses_unknown_and_mistyped_values() -> TestResult {
             &["--set", "watchNamespaces={Team_A}"],
             &["--set", "watchNamespaces={team-a}"],
             "watchNamespaces",
+        ),
+        (
+            &["--set", "tenancy.rules[0].project=a-prod"],
+            &["--set", "tenancy.rules[0].projects={a-prod}"],
+            "project",
+        ),
+        (
+            &["--set", "tenancy.rules[0].storageClasses={COLD}"],
+            &["--set", "tenancy.rules[0].storageClasses={COLDLINE}"],
+            "storageClasses",
         ),
         (
             &["--set", "imagePullSecrets[0].nam=registry"],
