@@ -11,33 +11,19 @@
 
 mod common;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use bucketmap::crd::{FINALIZER, Gcs};
 use common::Fixture;
-use common::api_proxy::{self, is_watch_of};
+use common::api_proxy::{self, is_watch_of, silent_watch};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 
 type TestResult = anyhow::Result<()>;
-
-/// A watch that is open and silent for as long as the client listens.
-fn silent_watch() -> Response {
-    let never = futures::stream::pending::<Result<Bytes, Infallible>>();
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        Body::from_stream(never),
-    )
-        .into_response()
-}
 
 /// Waits until a reconcile started after `started` reconciles, and every
 /// reconcile started so far has ended.

@@ -83,38 +83,13 @@ async fn rendered_rbac(values: &[&str]) -> anyhow::Result<Vec<serde_json::Value>
     Ok(docs)
 }
 
-async fn create<K>(client: &kube::Client, doc: &serde_json::Value) -> anyhow::Result<()>
+/// Creates the object `doc` describes through `api`.
+async fn create<K>(api: Api<K>, doc: &serde_json::Value) -> anyhow::Result<()>
 where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: kube::Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
     let obj: K = serde_json::from_value(doc.clone())?;
-    let ns = doc["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or(OPERATOR_NAMESPACE);
-    Api::<K>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &obj)
-        .await?;
-    Ok(())
-}
-
-async fn create_cluster<K>(client: &kube::Client, doc: &serde_json::Value) -> anyhow::Result<()>
-where
-    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let obj: K = serde_json::from_value(doc.clone())?;
-    Api::<K>::all(client.clone())
-        .create(&PostParams::default(), &obj)
-        .await?;
+    api.create(&PostParams::default(), &obj).await?;
     Ok(())
 }
 
@@ -128,12 +103,16 @@ async fn apply_rbac(f: &Fixture, values: &[&str]) -> anyhow::Result<Vec<String>>
     let mut kinds = Vec::new();
     for doc in rendered_rbac(values).await? {
         let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+        let ns = doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(OPERATOR_NAMESPACE);
+        let (client, doc) = (f.client.clone(), &doc);
         match kind.as_str() {
-            "ServiceAccount" => create::<ServiceAccount>(&f.client, &doc).await?,
-            "Role" => create::<Role>(&f.client, &doc).await?,
-            "RoleBinding" => create::<RoleBinding>(&f.client, &doc).await?,
-            "ClusterRole" => create_cluster::<ClusterRole>(&f.client, &doc).await?,
-            "ClusterRoleBinding" => create_cluster::<ClusterRoleBinding>(&f.client, &doc).await?,
+            "ServiceAccount" => create(Api::<ServiceAccount>::namespaced(client, ns), doc).await?,
+            "Role" => create(Api::<Role>::namespaced(client, ns), doc).await?,
+            "RoleBinding" => create(Api::<RoleBinding>::namespaced(client, ns), doc).await?,
+            "ClusterRole" => create(Api::<ClusterRole>::all(client), doc).await?,
+            "ClusterRoleBinding" => create(Api::<ClusterRoleBinding>::all(client), doc).await?,
             other => anyhow::bail!("unexpected kind {other} in templates/rbac.yaml"),
         }
         kinds.push(kind);
@@ -164,15 +143,40 @@ async fn operator_client(f: &Fixture) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
-/// A Secret of the resources' namespace that the operator has no business with.
-async fn unrelated_secret(f: &Fixture) -> anyhow::Result<()> {
+/// A Secret of `ns` that the operator has no business with.
+async fn unrelated_secret(f: &Fixture, ns: &str) -> anyhow::Result<()> {
     let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "database-password", "namespace": f.ns},
+        "metadata": {"name": "database-password", "namespace": ns},
         "stringData": {"password": "hunter2"},
     }))?;
-    Api::<Secret>::namespaced(f.client.clone(), &f.ns)
+    Api::<Secret>::namespaced(f.client.clone(), ns)
         .create(&PostParams::default(), &secret)
         .await?;
+    Ok(())
+}
+
+/// The operator in-process as `client`, and the `Gcs` photos it made Ready.
+async fn photos_ready_as(
+    f: &Fixture,
+    client: &kube::Client,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, bucketmap::crd::Gcs)> {
+    let operator = f
+        .spawn_operator(client.clone(), std::future::pending())
+        .await?;
+    f.create("photos", serde_json::json!({"bucketName": "photos"}))
+        .await?;
+    let g = f.wait_ready("photos").await?;
+    Ok((operator, g))
+}
+
+/// No reconcile of the operator failed (its metrics say so).
+fn assert_no_failed_reconcile(f: &Fixture) -> anyhow::Result<()> {
+    assert_eq!(
+        f.metrics.reconcile_failure_count(),
+        0,
+        "{}",
+        f.metrics.encode()?
+    );
     Ok(())
 }
 
@@ -204,15 +208,10 @@ async fn without_service_binding_the_operator_works_and_reads_no_other_secret() 
         ],
         "the chart's RBAC changed: update this test"
     );
-    unrelated_secret(&f).await?;
+    unrelated_secret(&f, &f.ns).await?;
     let client = operator_client(&f).await?;
     f.config.service_binding = false;
-    let _operator = f
-        .spawn_operator(client.clone(), std::future::pending())
-        .await?;
-    f.create("photos", serde_json::json!({"bucketName": "photos"}))
-        .await?;
-    let g = f.wait_ready("photos").await?;
+    let (_operator, g) = photos_ready_as(&f, &client).await?;
     let physical = common::physical(&g);
     assert!(f.gcs.bucket(&physical).is_some(), "no bucket {physical}");
     assert_eq!(f.bucket_map().await?.get("photos"), Some(&physical));
@@ -220,12 +219,7 @@ async fn without_service_binding_the_operator_works_and_reads_no_other_secret() 
         g.status.as_ref().is_some_and(|s| s.binding.is_none()),
         "{g:?}"
     );
-    assert_eq!(
-        f.metrics.reconcile_failure_count(),
-        0,
-        "{}",
-        f.metrics.encode()?
-    );
+    assert_no_failed_reconcile(&f)?;
     // The check bites: the same client is refused the Secret (403).
     assert_eq!(
         read_unrelated(&client, &f.ns).await,
@@ -253,26 +247,16 @@ async fn without_service_binding_the_operator_works_and_reads_no_other_secret() 
 async fn with_service_binding_the_operator_publishes_and_can_read_secrets() -> TestResult {
     let f = Fixture::new().await?;
     apply_rbac(&f, &[]).await?;
-    unrelated_secret(&f).await?;
+    unrelated_secret(&f, &f.ns).await?;
     let client = operator_client(&f).await?;
-    let _operator = f
-        .spawn_operator(client.clone(), std::future::pending())
-        .await?;
-    f.create("photos", serde_json::json!({"bucketName": "photos"}))
-        .await?;
-    let g = f.wait_ready("photos").await?;
+    let (_operator, g) = photos_ready_as(&f, &client).await?;
     let binding = g.status.as_ref().and_then(|s| s.binding.clone());
     let binding = binding.context("no binding in the status")?;
     Api::<Secret>::namespaced(f.client.clone(), &f.ns)
         .get(&binding.name)
         .await
         .context("the binding Secret was not published")?;
-    assert_eq!(
-        f.metrics.reconcile_failure_count(),
-        0,
-        "{}",
-        f.metrics.encode()?
-    );
+    assert_no_failed_reconcile(&f)?;
     assert_eq!(read_unrelated(&client, &f.ns).await, 200);
     Ok(())
 }
@@ -326,12 +310,7 @@ async fn a_namespaced_install_works_in_its_namespaces_only() -> TestResult {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(
-        f.metrics.reconcile_failure_count(),
-        0,
-        "{}",
-        f.metrics.encode()?
-    );
+    assert_no_failed_reconcile(&f)?;
     // The resource outside was never touched: no finalizer, no status.
     let untouched = gcs(&outside).get("videos").await?;
     assert!(untouched.metadata.finalizers.is_none(), "{untouched:?}");
@@ -344,13 +323,7 @@ async fn a_namespaced_install_works_in_its_namespaces_only() -> TestResult {
         matches!(all, Err(kube::Error::Api(ref s)) if s.code == 403),
         "{all:?}"
     );
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "database-password", "namespace": outside},
-        "stringData": {"password": "hunter2"},
-    }))?;
-    Api::<Secret>::namespaced(f.client.clone(), &outside)
-        .create(&PostParams::default(), &secret)
-        .await?;
+    unrelated_secret(&f, &outside).await?;
     assert_eq!(read_unrelated(&client, &outside).await, 403);
     Ok(())
 }

@@ -11,29 +11,15 @@
 
 mod common;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use bucketmap::controller::PROJECT_ANNOTATION;
-use common::api_proxy::{self, is_watch_of};
+use common::api_proxy::{self, is_watch_of, silent_watch};
 use common::{Fixture, PROJECT, physical};
 
 type TestResult = anyhow::Result<()>;
-
-/// A watch that is open and silent for as long as the client listens.
-fn silent_watch() -> Response {
-    let never = futures::stream::pending::<Result<Bytes, Infallible>>();
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        Body::from_stream(never),
-    )
-        .into_response()
-}
 
 fn project_of(g: &bucketmap::crd::Gcs) -> Option<String> {
     g.status.as_ref().and_then(|s| s.project_id.clone())

@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use bucketmap::webhook::inject::{INJECT_LABEL, MAP_VOLUME, SIDECAR_NAME};
 use bucketmap_testkit::free_port;
 use common::Fixture;
+use common::certs::cert_files;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -97,21 +98,6 @@ async fn create_labelled(pods: &Api<Pod>, pod: Pod) -> anyhow::Result<Pod> {
             Err(e) => return Err(e).context("labelled pod never admitted"),
         }
     }
-}
-
-/// A CA and a serving certificate for 127.0.0.1 in `tls.crt` and `tls.key`
-/// (as a cert-manager Secret mount provides them): (the CA's PEM, the directory).
-fn cert_files() -> anyhow::Result<(String, tempfile::TempDir)> {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::default();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
-    let key = KeyPair::generate()?;
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])?.signed_by(&key, &ca)?;
-    let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("tls.crt"), cert.pem())?;
-    std::fs::write(dir.path().join("tls.key"), key.serialize_pem())?;
-    Ok((ca.pem(), dir))
 }
 
 /// The operator (controller and webhooks) for the fixture's namespace,

@@ -90,6 +90,30 @@ fn gcs(name: &str) -> String {
     )
 }
 
+/// The namespace `APPS` and the `KEPT` resources in it.
+async fn create_kept(kubeconfig: &str) -> TestResult {
+    kubectl_ok(kubeconfig, &["create", "namespace", APPS], "").await?;
+    let manifests: Vec<String> = KEPT.iter().map(|n| gcs(n)).collect();
+    kubectl_ok(kubeconfig, &["apply", "-f", "-"], &manifests.join("---\n")).await?;
+    Ok(())
+}
+
+/// Waits until the API server serves the CRD.
+async fn wait_established(kubeconfig: &str) -> TestResult {
+    kubectl_ok(
+        kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=120s",
+            &format!("crd/{CRD_NAME}"),
+        ],
+        "",
+    )
+    .await?;
+    Ok(())
+}
+
 /// `kubectl get -o json` of one object.
 async fn get_json(kubeconfig: &str, args: &[&str]) -> anyhow::Result<Value> {
     let mut full = vec!["get", "-o", "json"];
@@ -189,9 +213,7 @@ async fn upgrade_uninstall_and_reinstall_keep_the_crd_and_every_gcs() -> TestRes
         "the previous chart's CRD already belongs to the release: {:#}",
         crd["metadata"]
     );
-    kubectl_ok(&k, &["create", "namespace", APPS], "").await?;
-    let manifests: Vec<String> = KEPT.iter().map(|n| gcs(n)).collect();
-    kubectl_ok(&k, &["apply", "-f", "-"], &manifests.join("---\n")).await?;
+    create_kept(&k).await?;
     let before = uids(&k).await?;
 
     // Without the documented step, the upgrade stops and changes nothing.
@@ -384,21 +406,9 @@ async fn deleting_the_operator_base_leaves_the_crd_every_gcs_and_the_cluster_ide
     let crd_base = format!("{ROOT}/deploy/crd");
     let operator_base = format!("{ROOT}/deploy");
     kubectl_ok(&k, &["apply", "-k", &crd_base], "").await?;
-    kubectl_ok(
-        &k,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=120s",
-            &format!("crd/{CRD_NAME}"),
-        ],
-        "",
-    )
-    .await?;
+    wait_established(&k).await?;
     kubectl_ok(&k, &["apply", "-k", &operator_base], "").await?;
-    kubectl_ok(&k, &["create", "namespace", APPS], "").await?;
-    let manifests: Vec<String> = KEPT.iter().map(|n| gcs(n)).collect();
-    kubectl_ok(&k, &["apply", "-f", "-"], &manifests.join("---\n")).await?;
+    create_kept(&k).await?;
     // What the operator derives and keeps when no cluster id is given.
     let identity = bucketmap::cluster_id::CONFIGMAP;
     kubectl_ok(
@@ -469,17 +479,7 @@ async fn without_crds_keep_the_uninstall_deletes_the_crd_and_every_gcs() -> Test
         ],
     )
     .await?;
-    kubectl_ok(
-        &k,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=120s",
-            &format!("crd/{CRD_NAME}"),
-        ],
-        "",
-    )
-    .await?;
+    wait_established(&k).await?;
     kubectl_ok(&k, &["create", "namespace", APPS], "").await?;
     // Without the operator's finalizer, so that the deletion completes.
     let plain = format!(

@@ -24,6 +24,10 @@
 mod lifecycle;
 mod monitoring;
 mod render;
+// The runner the other test targets share (tests/common/mod.rs), without
+// their fixture.
+#[path = "../common/kubectl.rs"]
+mod shared_kubectl;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +35,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde::Deserialize as _;
 use serde_json::Value;
+// `kubectl --kubeconfig K args…` with `stdin`; the output, whatever the status.
+use shared_kubectl::kubectl_with_stdin as kubectl;
 
 type TestResult = anyhow::Result<()>;
 
@@ -172,29 +178,6 @@ fn operator_container(objs: &BTreeMap<Key, Value>) -> anyhow::Result<&Value> {
 /// A kubeconfig's path as an argument.
 fn kubeconfig_arg(env: &bucketmap_testkit::testenv::TestEnv) -> anyhow::Result<String> {
     Ok(path_str(env.kubeconfig_path())?.to_owned())
-}
-
-/// `kubectl --kubeconfig K args…` with `stdin`; the output, whatever the status.
-async fn kubectl(
-    kubeconfig: &str,
-    args: &[&str],
-    stdin: &str,
-) -> anyhow::Result<std::process::Output> {
-    use tokio::io::AsyncWriteExt as _;
-    let mut child = tokio::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("cannot run kubectl")?;
-    let mut input = child.stdin.take().context("kubectl without stdin")?;
-    input.write_all(stdin.as_bytes()).await?;
-    drop(input);
-    Ok(child.wait_with_output().await?)
 }
 
 /// Like [`kubectl`], failing unless it succeeds; its stdout.

@@ -2,11 +2,12 @@
 //! talks plain HTTP to the proxy, which forwards every request with the
 //! fixture's admin client unless the test's `intercept` answers it.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -30,6 +31,16 @@ pub fn is_watch_of(req: &Request, collection: &str) -> bool {
         && query
             .split('&')
             .any(|p| p == "watch=true" || p == "watch=1")
+}
+
+/// A watch that is open and silent for as long as the client listens.
+pub fn silent_watch() -> Response {
+    let never = futures::stream::pending::<Result<Bytes, Infallible>>();
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(never),
+    )
+        .into_response()
 }
 
 async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {

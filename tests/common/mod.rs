@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod api_proxy;
+pub mod certs;
+pub mod kubectl;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -323,21 +325,7 @@ impl Fixture {
         args: &[&str],
         stdin: &str,
     ) -> anyhow::Result<std::process::Output> {
-        use tokio::io::AsyncWriteExt;
-        let mut child = tokio::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(self.env.kubeconfig_path())
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .context("cannot run kubectl")?;
-        let mut input = child.stdin.take().context("kubectl stdin")?;
-        input.write_all(stdin.as_bytes()).await?;
-        drop(input);
-        Ok(child.wait_with_output().await?)
+        kubectl::kubectl_with_stdin(self.env.kubeconfig_path(), args, stdin).await
     }
 
     pub async fn annotate_namespace(&self, key: &str, value: &str) -> anyhow::Result<()> {
