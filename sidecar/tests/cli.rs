@@ -5,11 +5,18 @@ use std::process::Command;
 
 type TestResult = anyhow::Result<()>;
 
+/// The binary under test: `BUCKETMAP_SIDECAR_BIN` (CI's shipped build)
+/// when set, else cargo's build (as `common::procs::Sidecar::bin`).
+fn sidecar_bin() -> std::ffi::OsString {
+    std::env::var_os("BUCKETMAP_SIDECAR_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_bucketmap-sidecar").into())
+}
+
 /// A log read from a pipe or a file (a pod's log, a CI job's) is plain
 /// text: no terminal colour codes, whatever the log format.
 #[test]
 fn a_start_up_failure_is_logged_as_plain_text_to_a_pipe() -> TestResult {
-    let out = Command::new(env!("CARGO_BIN_EXE_bucketmap-sidecar"))
+    let out = Command::new(sidecar_bin())
         .args([
             "--listen",
             "127.0.0.1:0",
