@@ -60,6 +60,7 @@ impl State {
             return Err(Status::already_exists(message));
         }
         let bucket = new_bucket(&project, &id, template, now());
+        super::settings::check(&bucket)?;
         self.buckets.insert(id, bucket.clone());
         Ok(bucket)
     }
@@ -255,8 +256,20 @@ fn apply_path(
         "logging" => target.logging = source.logging.clone(),
         "billing" => target.billing = source.billing,
         "autoclass" => target.autoclass = source.autoclass.clone(),
-        "rpo" => target.rpo = source.rpo.clone(),
+        "rpo" => target.rpo = source.rpo.to_uppercase(),
         "encryption" => target.encryption = source.encryption.clone(),
+        "encryption.default_kms_key" => {
+            let key = source
+                .encryption
+                .as_ref()
+                .map(|e| e.default_kms_key.clone());
+            target.encryption.get_or_insert_default().default_kms_key = key.unwrap_or_default();
+        }
+        "hierarchical_namespace" | "custom_placement_config" => {
+            return Err(Status::invalid_argument(format!(
+                "{path} is set when a bucket is created and cannot be changed"
+            )));
+        }
         "default_event_based_hold" => {
             target.default_event_based_hold = source.default_event_based_hold;
         }
@@ -346,5 +359,6 @@ fn settle_update(current: &proto::Bucket, updated: &mut proto::Bucket) -> Result
         current.iam_config.as_ref(),
         time,
     ));
-    Ok(())
+    super::settings::fill_updated(updated, Some(current), time);
+    super::settings::check(updated)
 }

@@ -36,12 +36,15 @@ mod iam;
 mod objects;
 mod objects_grpc;
 pub(crate) mod service;
+mod settings;
 mod state;
 mod streams;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_grpc;
+#[cfg(test)]
+mod tests_settings;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -299,6 +299,14 @@ pub(crate) fn new_bucket(
     } else {
         bucket.storage_class.to_uppercase()
     };
+    if bucket
+        .custom_placement_config
+        .as_ref()
+        .is_some_and(|p| !p.data_locations.is_empty())
+    {
+        bucket.location_type = "dual-region".to_string();
+    }
+    bucket.rpo = bucket.rpo.to_uppercase();
     if bucket.rpo.is_empty() && bucket.location_type != "region" {
         bucket.rpo = "DEFAULT".to_string();
     }
@@ -319,6 +327,7 @@ pub(crate) fn new_bucket(
             effective_time: None,
         });
     soft_delete.effective_time = Some(time);
+    super::settings::fill_created(&mut bucket, time);
     bucket
 }
 

@@ -1,0 +1,177 @@
+//! The bucket settings GCS checks and fills in beyond the basics of
+//! `state.rs`: autoclass, replication (rpo), configurable dual-regions,
+//! hierarchical namespace, CMEK, logging. What GCS refuses is refused here
+//! with the same code; what it fills in (autoclass's terminal class and
+//! toggle time, the log object prefix) is filled in; `state.rs` gives a
+//! configurable dual-region its location type and rpo.
+
+use prost_types::Timestamp;
+use tonic::Status;
+
+use super::proto;
+
+/// Autoclass's terminal class when the request names none.
+const DEFAULT_TERMINAL_CLASS: &str = "NEARLINE";
+
+/// Fills what GCS fills in on a bucket being created (`time`: its creation).
+pub(crate) fn fill_created(bucket: &mut proto::Bucket, time: Timestamp) {
+    if let Some(placement) = bucket.custom_placement_config.as_mut() {
+        for location in &mut placement.data_locations {
+            *location = location.to_uppercase();
+        }
+    }
+    fill_updated(bucket, None, time);
+}
+
+/// Fills what GCS fills in on a bucket created or updated from `previous`.
+pub(crate) fn fill_updated(
+    bucket: &mut proto::Bucket,
+    previous: Option<&proto::Bucket>,
+    time: Timestamp,
+) {
+    let was = previous.and_then(|p| p.autoclass.as_ref());
+    if let Some(autoclass) = bucket.autoclass.as_mut() {
+        if autoclass.enabled {
+            let terminal = autoclass
+                .terminal_storage_class
+                .get_or_insert_with(|| DEFAULT_TERMINAL_CLASS.to_string());
+            *terminal = terminal.to_uppercase();
+        } else {
+            autoclass.terminal_storage_class = None;
+        }
+        let toggled = was.is_none_or(|w| w.enabled != autoclass.enabled);
+        autoclass.toggle_time = if toggled {
+            Some(time)
+        } else {
+            was.and_then(|w| w.toggle_time)
+        };
+        let same_terminal =
+            was.is_some_and(|w| w.terminal_storage_class == autoclass.terminal_storage_class);
+        autoclass.terminal_storage_class_update_time = match was {
+            Some(w) if same_terminal => w.terminal_storage_class_update_time,
+            _ => autoclass.terminal_storage_class.as_ref().map(|_| time),
+        };
+    }
+    let id = bucket.bucket_id.clone();
+    if let Some(logging) = bucket.logging.as_mut() {
+        if logging.log_bucket.is_empty() {
+            bucket.logging = None;
+        } else if logging.log_object_prefix.is_empty() {
+            // GCS names log objects after the logged bucket by default.
+            logging.log_object_prefix = id;
+        }
+    }
+}
+
+/// INVALID_ARGUMENT when `bucket` (being created, or as an update would
+/// leave it) combines settings GCS refuses.
+pub(crate) fn check(bucket: &proto::Bucket) -> Result<(), Status> {
+    check_hierarchical_namespace(bucket)?;
+    check_autoclass(bucket)?;
+    check_placement(bucket)?;
+    check_rpo(bucket)?;
+    check_encryption(bucket)
+}
+
+fn check_hierarchical_namespace(bucket: &proto::Bucket) -> Result<(), Status> {
+    let hns = bucket.hierarchical_namespace.is_some_and(|h| h.enabled);
+    let ubla = bucket
+        .iam_config
+        .as_ref()
+        .and_then(|c| c.uniform_bucket_level_access)
+        .is_some_and(|u| u.enabled);
+    if hns && !ubla {
+        return Err(Status::invalid_argument(format!(
+            "bucket {}: hierarchical namespace requires uniform bucket-level access to be enabled",
+            bucket.bucket_id
+        )));
+    }
+    Ok(())
+}
+
+fn check_autoclass(bucket: &proto::Bucket) -> Result<(), Status> {
+    let Some(autoclass) = bucket.autoclass.as_ref().filter(|a| a.enabled) else {
+        return Ok(());
+    };
+    let id = &bucket.bucket_id;
+    let terminal = autoclass.terminal_storage_class.as_deref();
+    if terminal.is_some_and(|t| !matches!(t, "NEARLINE" | "ARCHIVE")) {
+        return Err(Status::invalid_argument(format!(
+            "bucket {id}: autoclass terminal storage class must be NEARLINE or ARCHIVE, got {terminal:?}"
+        )));
+    }
+    if bucket.storage_class != "STANDARD" {
+        return Err(Status::invalid_argument(format!(
+            "bucket {id}: the default storage class of an autoclass bucket must be STANDARD, got {}",
+            bucket.storage_class
+        )));
+    }
+    let rules = bucket.lifecycle.iter().flat_map(|l| &l.rule);
+    let mut actions = rules.filter_map(|r| r.action.as_ref());
+    if actions.any(|a| a.r#type == "SetStorageClass") {
+        return Err(Status::invalid_argument(format!(
+            "bucket {id}: lifecycle SetStorageClass actions are not allowed while autoclass is enabled"
+        )));
+    }
+    Ok(())
+}
+
+fn check_placement(bucket: &proto::Bucket) -> Result<(), Status> {
+    let Some(placement) = &bucket.custom_placement_config else {
+        return Ok(());
+    };
+    let regions = &placement.data_locations;
+    let multi_region = matches!(bucket.location.as_str(), "US" | "EU" | "ASIA");
+    if regions.len() != 2 || !multi_region || regions.iter().any(|r| !r.contains('-')) {
+        return Err(Status::invalid_argument(format!(
+            "bucket {}: a configurable dual-region names exactly two regions of its multi-region \
+             location (US, EU or ASIA); got location {} and data locations {regions:?}",
+            bucket.bucket_id, bucket.location
+        )));
+    }
+    Ok(())
+}
+
+fn check_rpo(bucket: &proto::Bucket) -> Result<(), Status> {
+    let id = &bucket.bucket_id;
+    match (bucket.rpo.as_str(), bucket.location_type.as_str()) {
+        ("", _) | ("DEFAULT", "dual-region" | "multi-region") | ("ASYNC_TURBO", "dual-region") => {
+            Ok(())
+        }
+        ("ASYNC_TURBO", _) => Err(Status::invalid_argument(format!(
+            "bucket {id}: turbo replication (rpo ASYNC_TURBO) is only available for dual-region buckets"
+        ))),
+        ("DEFAULT", _) => Err(Status::invalid_argument(format!(
+            "bucket {id}: rpo applies to dual-region and multi-region buckets only"
+        ))),
+        (other, _) => Err(Status::invalid_argument(format!(
+            "bucket {id}: invalid rpo {other:?}: expected DEFAULT or ASYNC_TURBO"
+        ))),
+    }
+}
+
+fn check_encryption(bucket: &proto::Bucket) -> Result<(), Status> {
+    let key = bucket
+        .encryption
+        .as_ref()
+        .map_or("", |e| e.default_kms_key.as_str());
+    if key.is_empty() {
+        return Ok(());
+    }
+    let parts: Vec<&str> = key.split('/').collect();
+    let shaped = parts.len() == 8
+        && parts
+            .iter()
+            .step_by(2)
+            .copied()
+            .eq(["projects", "locations", "keyRings", "cryptoKeys"])
+        && parts.iter().skip(1).step_by(2).all(|p| !p.is_empty());
+    if !shaped {
+        return Err(Status::invalid_argument(format!(
+            "bucket {}: invalid Cloud KMS key name {key:?}: expected \
+             projects/P/locations/L/keyRings/R/cryptoKeys/K",
+            bucket.bucket_id
+        )));
+    }
+    Ok(())
+}
