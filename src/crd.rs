@@ -57,9 +57,23 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
         .field_path(".spec.projectID"),
     validation = Rule::new("has(self.spec.adopt) == has(oldSelf.spec.adopt) && (!has(self.spec.adopt) || self.spec.adopt.bucket == oldSelf.spec.adopt.bucket)")
         .message("spec.adopt is immutable: it is set when the Gcs is created and never changed, added or removed; to adopt another bucket, create a new Gcs resource (deletionPolicy Orphan or Abandon keeps the current bucket)")
-        .field_path(".spec.adopt")
+        .field_path(".spec.adopt"),
+    validation = Rule::new("(has(self.spec.hierarchicalNamespace) && self.spec.hierarchicalNamespace.enabled) == (has(oldSelf.spec.hierarchicalNamespace) && oldSelf.spec.hierarchicalNamespace.enabled)")
+        .message("spec.hierarchicalNamespace is set when the bucket is created and never changed: GCS cannot enable or disable it on an existing bucket; create a new Gcs resource instead")
+        .field_path(".spec.hierarchicalNamespace"),
+    validation = Rule::new("(has(self.spec.customPlacementConfig) ? self.spec.customPlacementConfig.dataLocations.map(l, l.lowerAscii()) : []) == (has(oldSelf.spec.customPlacementConfig) ? oldSelf.spec.customPlacementConfig.dataLocations.map(l, l.lowerAscii()) : [])")
+        .message("spec.customPlacementConfig is immutable: GCS cannot move a bucket's data to other regions; create a new Gcs resource instead")
+        .field_path(".spec.customPlacementConfig")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.hierarchicalNamespace) || !self.hierarchicalNamespace.enabled || !has(self.uniformBucketLevelAccess) || self.uniformBucketLevelAccess").message("hierarchicalNamespace needs uniformBucketLevelAccess: GCS refuses a hierarchical namespace on a bucket with object ACLs"),
+    validation = Rule::new("!has(self.autoclass) || !self.autoclass.enabled || !has(self.lifecycleRules) || self.lifecycleRules.all(r, r.action.type != 'SetStorageClass')").message("autoclass moves objects between storage classes itself: a lifecycle rule with a SetStorageClass action is not allowed while autoclass is enabled (Delete and AbortIncompleteMultipartUpload are)"),
+    validation = Rule::new("!has(self.autoclass) || !self.autoclass.enabled || !has(self.storageClass) || self.storageClass == 'STANDARD'").message("autoclass needs storageClass STANDARD (the default): an autoclass bucket's default class is STANDARD"),
+    validation = Rule::new("!has(self.customPlacementConfig) || (has(self.location) && self.location.upperAscii() in ['US', 'EU', 'ASIA'])").message("customPlacementConfig needs location to be the multi-region (US, EU or ASIA) that contains both dataLocations"),
+    validation = Rule::new("!has(self.rpo) || self.rpo != 'ASYNC_TURBO' || has(self.customPlacementConfig) || (has(self.location) && self.location.upperAscii() in ['NAM4', 'EUR4', 'EUR5', 'EUR7', 'EUR8', 'ASIA1'])").message("rpo ASYNC_TURBO (turbo replication) needs a dual-region bucket: a customPlacementConfig or a predefined dual-region location (NAM4, EUR4, EUR5, EUR7, EUR8, ASIA1)"),
+    validation = Rule::new("!has(self.rpo) || has(self.customPlacementConfig) || (has(self.location) && !self.location.contains('-'))").message("rpo applies to dual- and multi-region buckets only; a bucket in a single region (a location such as europe-west1) has no cross-region replication"),
+)]
 pub struct GcsSpec {
     /// Logical bucket name, the same in every environment. The physical
     /// bucket is named `<bucketName>-<8-character suffix>`.
@@ -132,6 +146,57 @@ pub struct GcsSpec {
     /// How long deleted objects stay restorable; 0 disables soft delete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soft_delete_policy: Option<SoftDeletePolicy>,
+
+    /// Customer-managed encryption (CMEK): the Cloud KMS key that encrypts
+    /// new objects by default. Without it GCS encrypts with Google-managed keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
+
+    /// Cross-origin resource sharing rules: which origins may make browser
+    /// requests to the bucket, with which methods and response headers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub cors: Vec<Cors>,
+
+    /// Static website behaviour: the index page appended to directory-like
+    /// paths and the page served for missing objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub website: Option<Website>,
+
+    /// Who pays for requests and data egress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billing: Option<Billing>,
+
+    /// Usage and storage logs of this bucket, written as objects to another bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logging: Option<Logging>,
+
+    /// Place an event-based hold on every new object: it cannot be deleted
+    /// or replaced until the hold is released.
+    #[serde(default)]
+    pub default_event_based_hold: bool,
+
+    /// Autoclass: GCS moves each object to the storage class that fits its
+    /// access pattern. Needs storageClass STANDARD and no SetStorageClass
+    /// lifecycle action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoclass: Option<Autoclass>,
+
+    /// Hierarchical namespace (real folders, atomic folder renames). Set at
+    /// creation only; needs uniformBucketLevelAccess.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchical_namespace: Option<HierarchicalNamespace>,
+
+    /// A configurable dual-region: the two regions of the multi-region
+    /// `location` that hold the data. Set at creation only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_placement_config: Option<CustomPlacementConfig>,
+
+    /// Recovery point objective of cross-region replication: DEFAULT, or
+    /// ASYNC_TURBO (turbo replication, dual-region buckets only). When unset,
+    /// GCS's default applies and turbo replication is turned off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpo: Option<Rpo>,
 
     /// What happens to the bucket when this resource is deleted (see
     /// [`DeletionPolicy`]; the schema shows the type's description).
@@ -305,6 +370,153 @@ pub struct SoftDeletePolicy {
     /// otherwise 7 to 90 days (604800 to 7776000).
     #[x_kube(validation = Rule::new("self == 0 || (self >= 604800 && self <= 7776000)").message("softDeletePolicy.retentionDurationSeconds must be 0 (disabled) or between 604800 (7 days) and 7776000 (90 days)"))]
     pub retention_duration_seconds: i64,
+}
+
+/// Customer-managed encryption of a bucket.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Encryption {
+    /// The Cloud KMS key,
+    /// `projects/PROJECT/locations/LOCATION/keyRings/RING/cryptoKeys/KEY`.
+    /// It must be in the bucket's location, and the project's Cloud Storage
+    /// service agent needs `roles/cloudkms.cryptoKeyEncrypterDecrypter` on it.
+    #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("self.matches('^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$')").message("encryption.defaultKmsKeyName must be a Cloud KMS key name of the form projects/PROJECT/locations/LOCATION/keyRings/RING/cryptoKeys/KEY (a key, not a key version)"))]
+    pub default_kms_key_name: String,
+}
+
+/// One CORS rule.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Cors {
+    /// Origins allowed to make cross-origin requests (`https://example.com`);
+    /// `*` means any origin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20), extend("items" = {"type": "string", "maxLength": 256}))]
+    pub origin: Vec<String>,
+    /// HTTP methods allowed (`GET`, `PUT`, ...); `*` means any method.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10), extend("items" = {"type": "string", "maxLength": 16}))]
+    #[x_kube(validation = Rule::new("self.all(m, m == '*' || m.matches('^[A-Z]+$'))").message("CORS methods are HTTP methods in upper case (GET, HEAD, PUT, POST, DELETE, OPTIONS, PATCH) or *"))]
+    pub method: Vec<String>,
+    /// Response headers the browser may expose to the page.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20), extend("items" = {"type": "string", "maxLength": 128}))]
+    #[x_kube(validation = Rule::new("self.all(h, h.matches('^[A-Za-z0-9!#$%&*+.^_`|~-]+$'))").message("CORS response headers must be HTTP header names"))]
+    pub response_header: Vec<String>,
+    /// How long a browser may cache the preflight response, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_age_seconds: Option<i32>,
+}
+
+/// Static website settings.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.mainPageSuffix) || has(self.notFoundPage)").message("website needs mainPageSuffix, notFoundPage or both"))]
+pub struct Website {
+    /// Object name suffix served for a directory-like path (`index.html`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub main_page_suffix: Option<String>,
+    /// Object served, with status 404, when the requested one does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub not_found_page: Option<String>,
+}
+
+/// Billing settings.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Billing {
+    /// Requester pays: callers are billed for their requests and egress and
+    /// must name a billing project.
+    pub requester_pays: bool,
+}
+
+/// Access and storage logging.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Logging {
+    /// The physical name of the bucket that receives the logs.
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$')").message("logging.logBucket must be the name of a GCS bucket: 3 to 63 lowercase letters, digits, '-', '_' or '.', starting and ending with a letter or digit"))]
+    pub log_bucket: String,
+    /// Prefix of the log objects' names; GCS uses the bucket's name when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 900))]
+    pub log_object_prefix: Option<String>,
+}
+
+/// Autoclass settings.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.enabled || !has(self.terminalStorageClass)").message("autoclass.terminalStorageClass applies only when autoclass is enabled"))]
+pub struct Autoclass {
+    /// Turn autoclass on or off.
+    pub enabled: bool,
+    /// The coldest class objects move to: NEARLINE (GCS's default) or ARCHIVE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal_storage_class: Option<TerminalStorageClass>,
+}
+
+/// The coldest class autoclass moves objects to.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "UPPERCASE")]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs)]
+pub enum TerminalStorageClass {
+    Nearline,
+    Archive,
+}
+
+impl TerminalStorageClass {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            TerminalStorageClass::Nearline => "NEARLINE",
+            TerminalStorageClass::Archive => "ARCHIVE",
+        }
+    }
+}
+
+/// Hierarchical namespace settings.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HierarchicalNamespace {
+    /// Create the bucket with a hierarchical namespace.
+    pub enabled: bool,
+}
+
+/// A configurable dual-region.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CustomPlacementConfig {
+    /// The two regions that hold the data (`US-EAST1`, `US-WEST1`), both in
+    /// the multi-region `location`.
+    #[schemars(length(min = 2, max = 2), extend("items" = {"type": "string", "maxLength": 32}))]
+    #[x_kube(validation = Rule::new("self.all(l, l.matches('^[A-Za-z]+-[A-Za-z]+[0-9]+$'))").message("customPlacementConfig.dataLocations must be two GCS regions such as US-EAST1 and US-WEST1"))]
+    pub data_locations: Vec<String>,
+}
+
+/// Recovery point objective of cross-region replication.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs)]
+pub enum Rpo {
+    Default,
+    AsyncTurbo,
+}
+
+impl Rpo {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            Rpo::Default => "DEFAULT",
+            Rpo::AsyncTurbo => "ASYNC_TURBO",
+        }
+    }
 }
 
 /// One object lifecycle rule.

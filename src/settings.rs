@@ -9,8 +9,10 @@ use google_cloud_storage::model::Bucket;
 use google_cloud_storage::model::bucket::{self, lifecycle, lifecycle::rule};
 
 use crate::crd::{
-    GcsSpec, LifecycleAction, LifecycleActionType, LifecycleCondition, LifecycleRule, StorageClass,
+    GcsSpec, LifecycleAction, LifecycleActionType, LifecycleCondition, LifecycleRule, Logging,
+    StorageClass, Website,
 };
+use crate::gcs::bucket_resource;
 #[cfg(test)]
 use crate::naming::OWNER_LABEL;
 
@@ -33,6 +35,40 @@ pub struct Settings {
     pub retention_seconds: Option<i64>,
     /// `None` on the desired side: leave GCS's default alone.
     pub soft_delete_seconds: Option<i64>,
+    /// Default Cloud KMS key; `None`: Google-managed encryption.
+    pub kms_key: Option<String>,
+    /// CORS rules, in the resource's order.
+    pub cors: Vec<CorsRule>,
+    /// Website settings; `None`: none.
+    pub website: Option<Website>,
+    /// Requester pays.
+    pub requester_pays: bool,
+    /// Logging, the prefix `None` when it is GCS's default (the bucket's name).
+    pub logging: Option<Logging>,
+    /// Event-based hold on new objects.
+    pub default_event_based_hold: bool,
+    /// Autoclass: `None` off, else on with this terminal storage class.
+    pub autoclass: Option<String>,
+    /// `DEFAULT` or `ASYNC_TURBO`; `None` on the desired side: GCS's default
+    /// (turbo replication off), on the observed side: a single region.
+    pub rpo: Option<String>,
+    /// Hierarchical namespace (fixed at creation).
+    pub hierarchical_namespace: bool,
+    /// The regions of a configurable dual-region, upper case (fixed at creation).
+    pub data_locations: Vec<String>,
+}
+
+/// One CORS rule, as GCS keeps it (a missing max age is 0).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CorsRule {
+    /// Allowed origins.
+    pub origin: Vec<String>,
+    /// Allowed methods.
+    pub method: Vec<String>,
+    /// Response headers the browser may expose.
+    pub response_header: Vec<String>,
+    /// Preflight cache time in seconds.
+    pub max_age_seconds: i32,
 }
 
 /// One mutable field, named by its `UpdateBucket` mask path.
@@ -54,7 +90,50 @@ pub enum Field {
     RetentionPolicy,
     /// `soft_delete_policy`.
     SoftDeletePolicy,
+    /// `encryption.default_kms_key`.
+    Encryption,
+    /// `cors`.
+    Cors,
+    /// `website`.
+    Website,
+    /// `billing`.
+    Billing,
+    /// `logging`.
+    Logging,
+    /// `default_event_based_hold`.
+    DefaultEventBasedHold,
+    /// `autoclass`.
+    Autoclass,
+    /// `rpo`.
+    Rpo,
+    /// `hierarchical_namespace`: set at creation only.
+    HierarchicalNamespace,
+    /// `custom_placement_config`: set at creation only.
+    CustomPlacementConfig,
 }
+
+/// The fields an `UpdateBucket` can change, in the order drift is reported.
+const MUTABLE: [Field; 16] = [
+    Field::StorageClass,
+    Field::Versioning,
+    Field::Labels,
+    Field::Lifecycle,
+    Field::UniformBucketLevelAccess,
+    Field::PublicAccessPrevention,
+    Field::RetentionPolicy,
+    Field::SoftDeletePolicy,
+    Field::Encryption,
+    Field::Cors,
+    Field::Website,
+    Field::Billing,
+    Field::Logging,
+    Field::DefaultEventBasedHold,
+    Field::Autoclass,
+    Field::Rpo,
+];
+
+/// The fields GCS sets at creation and never changes.
+const IMMUTABLE: [Field; 2] = [Field::HierarchicalNamespace, Field::CustomPlacementConfig];
 
 impl Field {
     /// The `google.storage.v2.Bucket` field mask path.
@@ -68,6 +147,16 @@ impl Field {
             Field::PublicAccessPrevention => "iam_config.public_access_prevention",
             Field::RetentionPolicy => "retention_policy",
             Field::SoftDeletePolicy => "soft_delete_policy",
+            Field::Encryption => "encryption.default_kms_key",
+            Field::Cors => "cors",
+            Field::Website => "website",
+            Field::Billing => "billing",
+            Field::Logging => "logging",
+            Field::DefaultEventBasedHold => "default_event_based_hold",
+            Field::Autoclass => "autoclass",
+            Field::Rpo => "rpo",
+            Field::HierarchicalNamespace => "hierarchical_namespace",
+            Field::CustomPlacementConfig => "custom_placement_config",
         }
     }
 }
@@ -93,6 +182,30 @@ impl Settings {
                 .soft_delete_policy
                 .as_ref()
                 .map(|s| s.retention_duration_seconds),
+            kms_key: spec
+                .encryption
+                .as_ref()
+                .map(|e| e.default_kms_key_name.clone()),
+            cors: spec.cors.iter().map(cors_from_spec).collect(),
+            website: spec.website.clone(),
+            requester_pays: spec.billing.as_ref().is_some_and(|b| b.requester_pays),
+            logging: spec.logging.clone(),
+            default_event_based_hold: spec.default_event_based_hold,
+            autoclass: spec.autoclass.as_ref().filter(|a| a.enabled).map(|a| {
+                a.terminal_storage_class
+                    .map_or(DEFAULT_TERMINAL_CLASS, |c| c.as_gcs())
+                    .to_owned()
+            }),
+            rpo: spec.rpo.map(|r| r.as_gcs().to_owned()),
+            hierarchical_namespace: spec
+                .hierarchical_namespace
+                .as_ref()
+                .is_some_and(|h| h.enabled),
+            data_locations: upper_case(
+                spec.custom_placement_config
+                    .iter()
+                    .flat_map(|c| &c.data_locations),
+            ),
         }
     }
 
@@ -134,90 +247,150 @@ impl Settings {
                     .map(|d| d.seconds())
                     .unwrap_or(0)
             }),
+            kms_key: kms_key_from_gcs(b),
+            cors: b.cors.iter().map(cors_from_gcs).collect(),
+            website: b.website.as_ref().and_then(website_from_gcs),
+            requester_pays: b.billing.as_ref().is_some_and(|b| b.requester_pays),
+            logging: b
+                .logging
+                .as_ref()
+                .and_then(|l| logging_from_gcs(l, &b.bucket_id)),
+            default_event_based_hold: b.default_event_based_hold,
+            autoclass: autoclass_from_gcs(b),
+            rpo: Some(b.rpo.to_ascii_uppercase()).filter(|r| !r.is_empty()),
+            hierarchical_namespace: b.hierarchical_namespace.as_ref().is_some_and(|h| h.enabled),
+            data_locations: upper_case(
+                b.custom_placement_config
+                    .iter()
+                    .flat_map(|c| &c.data_locations),
+            ),
         }
     }
 
-    /// Fields whose observed value differs from `self` (the desired side).
+    /// Fields an update can correct whose observed value differs from
+    /// `self` (the desired side).
     pub fn drift(&self, observed: &Settings) -> Vec<Field> {
-        let mut fields = Vec::new();
-        let mut check = |differs: bool, field| {
-            if differs {
-                fields.push(field);
+        MUTABLE
+            .into_iter()
+            .filter(|f| self.differs(observed, *f))
+            .collect()
+    }
+
+    /// Fields GCS fixes at creation whose observed value differs from
+    /// `self`: reported, never corrected (that would take a new bucket).
+    pub fn immutable_drift(&self, observed: &Settings) -> Vec<Field> {
+        IMMUTABLE
+            .into_iter()
+            .filter(|f| self.differs(observed, *f))
+            .collect()
+    }
+
+    fn differs(&self, o: &Settings, field: Field) -> bool {
+        match field {
+            Field::StorageClass => self.storage_class != o.storage_class,
+            Field::Versioning => self.versioning != o.versioning,
+            Field::Labels => self.labels != o.labels,
+            Field::Lifecycle => self.lifecycle != o.lifecycle,
+            Field::UniformBucketLevelAccess => {
+                self.uniform_bucket_level_access != o.uniform_bucket_level_access
             }
-        };
-        check(
-            self.storage_class != observed.storage_class,
-            Field::StorageClass,
-        );
-        check(self.versioning != observed.versioning, Field::Versioning);
-        check(self.labels != observed.labels, Field::Labels);
-        check(self.lifecycle != observed.lifecycle, Field::Lifecycle);
-        check(
-            self.uniform_bucket_level_access != observed.uniform_bucket_level_access,
-            Field::UniformBucketLevelAccess,
-        );
-        check(
-            self.public_access_prevention != observed.public_access_prevention,
-            Field::PublicAccessPrevention,
-        );
-        check(
-            self.retention_seconds != observed.retention_seconds,
-            Field::RetentionPolicy,
-        );
-        check(
-            self.soft_delete_seconds.is_some()
-                && self.soft_delete_seconds != observed.soft_delete_seconds,
-            Field::SoftDeletePolicy,
-        );
-        fields
+            Field::PublicAccessPrevention => {
+                self.public_access_prevention != o.public_access_prevention
+            }
+            Field::RetentionPolicy => self.retention_seconds != o.retention_seconds,
+            Field::SoftDeletePolicy => {
+                self.soft_delete_seconds.is_some()
+                    && self.soft_delete_seconds != o.soft_delete_seconds
+            }
+            Field::Encryption => self.kms_key != o.kms_key,
+            Field::Cors => self.cors != o.cors,
+            Field::Website => self.website != o.website,
+            Field::Billing => self.requester_pays != o.requester_pays,
+            Field::Logging => self.logging != o.logging,
+            Field::DefaultEventBasedHold => {
+                self.default_event_based_hold != o.default_event_based_hold
+            }
+            Field::Autoclass => self.autoclass != o.autoclass,
+            // Unset: GCS's default, which is no turbo replication.
+            Field::Rpo => match &self.rpo {
+                Some(rpo) => o.rpo.as_ref() != Some(rpo),
+                None => o.rpo.as_deref() == Some(TURBO),
+            },
+            Field::HierarchicalNamespace => self.hierarchical_namespace != o.hierarchical_namespace,
+            Field::CustomPlacementConfig => self.data_locations != o.data_locations,
+        }
     }
 
     /// What changing `field` from `observed` to `self` does, in words
-    /// (`versioning: true → false`), for events and conditions.
+    /// (`versioning: on → off`), for events and conditions.
     pub fn describe(&self, observed: &Settings, field: Field) -> String {
-        let on_off = |b: bool| if b { "on" } else { "off" };
+        if field == Field::Labels {
+            return format!("labels: {}", label_changes(&observed.labels, &self.labels));
+        }
+        let (name, from) = observed.shown(field);
+        let (_, to) = self.shown(field);
+        format!("{name}: {from} → {to}")
+    }
+
+    /// The resource's name of `field` and its value here, in words.
+    fn shown(&self, field: Field) -> (&'static str, String) {
+        let on_off = |b: bool| if b { "on" } else { "off" }.to_owned();
         let seconds = |s: Option<i64>| s.map_or_else(|| "none".to_owned(), |s| format!("{s}s"));
-        let (name, from, to) = match field {
-            Field::StorageClass => (
-                "storageClass",
-                observed.storage_class.clone(),
-                self.storage_class.clone(),
-            ),
-            Field::Versioning => (
-                "versioning",
-                on_off(observed.versioning).to_owned(),
-                on_off(self.versioning).to_owned(),
-            ),
-            Field::Labels => {
-                return format!("labels: {}", label_changes(&observed.labels, &self.labels));
-            }
-            Field::Lifecycle => (
-                "lifecycleRules",
-                format!("{} rules", observed.lifecycle.len()),
-                format!("{} rules", self.lifecycle.len()),
-            ),
+        let rules = |n: usize| format!("{n} rules");
+        match field {
+            Field::StorageClass => ("storageClass", self.storage_class.clone()),
+            Field::Versioning => ("versioning", on_off(self.versioning)),
+            Field::Labels => ("labels", format!("{} labels", self.labels.len())),
+            Field::Lifecycle => ("lifecycleRules", rules(self.lifecycle.len())),
             Field::UniformBucketLevelAccess => (
                 "uniformBucketLevelAccess",
-                on_off(observed.uniform_bucket_level_access).to_owned(),
-                on_off(self.uniform_bucket_level_access).to_owned(),
+                on_off(self.uniform_bucket_level_access),
             ),
             Field::PublicAccessPrevention => (
                 "publicAccessPrevention",
-                observed.public_access_prevention.clone(),
                 self.public_access_prevention.clone(),
             ),
-            Field::RetentionPolicy => (
-                "retentionPolicy",
-                seconds(observed.retention_seconds),
-                seconds(self.retention_seconds),
+            Field::RetentionPolicy => ("retentionPolicy", seconds(self.retention_seconds)),
+            Field::SoftDeletePolicy => ("softDeletePolicy", seconds(self.soft_delete_seconds)),
+            Field::Cors => ("cors", rules(self.cors.len())),
+            Field::Billing => ("billing.requesterPays", on_off(self.requester_pays)),
+            Field::DefaultEventBasedHold => (
+                "defaultEventBasedHold",
+                on_off(self.default_event_based_hold),
             ),
-            Field::SoftDeletePolicy => (
-                "softDeletePolicy",
-                seconds(observed.soft_delete_seconds),
-                seconds(self.soft_delete_seconds),
+            Field::HierarchicalNamespace => {
+                ("hierarchicalNamespace", on_off(self.hierarchical_namespace))
+            }
+            _ => self.shown_text(field),
+        }
+    }
+
+    /// [`Settings::shown`] for the fields shown as text or `none`.
+    fn shown_text(&self, field: Field) -> (&'static str, String) {
+        let (name, value) = match field {
+            Field::Encryption => ("encryption.defaultKmsKeyName", self.kms_key.clone()),
+            Field::Website => ("website", self.website.as_ref().map(website_in_words)),
+            Field::Logging => (
+                "logging",
+                self.logging.as_ref().map(|l| match &l.log_object_prefix {
+                    Some(prefix) => format!("gs://{}/{prefix}", l.log_bucket),
+                    None => format!("gs://{}", l.log_bucket),
+                }),
             ),
+            Field::Autoclass => (
+                "autoclass",
+                self.autoclass
+                    .as_ref()
+                    .map(|t| format!("on, terminal class {t}")),
+            ),
+            Field::Rpo => ("rpo", self.rpo.clone()),
+            Field::CustomPlacementConfig => (
+                "customPlacementConfig.dataLocations",
+                Some(self.data_locations.join(", ")).filter(|l| !l.is_empty()),
+            ),
+            _ => ("", None),
         };
-        format!("{name}: {from} → {to}")
+        (name, value.unwrap_or_else(|| "none".to_owned()))
     }
 
     /// A bucket carrying these settings (for create, and as an update patch).
@@ -251,8 +424,159 @@ impl Settings {
                     .set_retention_duration(google_cloud_wkt::Duration::clamp(seconds, 0)),
             );
         }
+        self.with_placement(self.with_features(b))
+    }
+
+    /// [`Settings::to_bucket`] as an update patch: an unset rpo is GCS's
+    /// default, which an update must name.
+    pub fn to_patch(&self) -> Bucket {
+        let b = self.to_bucket();
+        if self.rpo.is_none() {
+            return b.set_rpo(DEFAULT_RPO);
+        }
         b
     }
+
+    /// Encryption, CORS, website, billing, logging, holds and autoclass.
+    /// What is unset is left out: in an update, a field of the mask that
+    /// the patch lacks is cleared.
+    fn with_features(&self, mut b: Bucket) -> Bucket {
+        if let Some(key) = &self.kms_key {
+            b = b.set_encryption(bucket::Encryption::new().set_default_kms_key(key.clone()));
+        }
+        if let Some(l) = &self.logging {
+            b = b.set_logging(
+                bucket::Logging::new()
+                    .set_log_bucket(bucket_resource(&l.log_bucket))
+                    .set_log_object_prefix(l.log_object_prefix.clone().unwrap_or_default()),
+            );
+        }
+        if let Some(w) = &self.website {
+            b = b.set_website(
+                bucket::Website::new()
+                    .set_main_page_suffix(w.main_page_suffix.clone().unwrap_or_default())
+                    .set_not_found_page(w.not_found_page.clone().unwrap_or_default()),
+            );
+        }
+        b.set_cors(self.cors.iter().map(cors_to_gcs))
+            .set_billing(bucket::Billing::new().set_requester_pays(self.requester_pays))
+            .set_default_event_based_hold(self.default_event_based_hold)
+            .set_autoclass(
+                bucket::Autoclass::new()
+                    .set_enabled(self.autoclass.is_some())
+                    .set_or_clear_terminal_storage_class(self.autoclass.clone()),
+            )
+    }
+
+    /// Hierarchical namespace, placement and rpo (only when set: GCS
+    /// refuses an rpo on a single-region bucket).
+    fn with_placement(&self, mut b: Bucket) -> Bucket {
+        if self.hierarchical_namespace {
+            b = b
+                .set_hierarchical_namespace(bucket::HierarchicalNamespace::new().set_enabled(true));
+        }
+        if !self.data_locations.is_empty() {
+            b = b.set_custom_placement_config(
+                bucket::CustomPlacementConfig::new()
+                    .set_data_locations(self.data_locations.clone()),
+            );
+        }
+        if let Some(rpo) = &self.rpo {
+            b = b.set_rpo(rpo.clone());
+        }
+        b
+    }
+}
+
+/// The terminal storage class GCS gives autoclass when none is named.
+const DEFAULT_TERMINAL_CLASS: &str = "NEARLINE";
+/// GCS's replication: no turbo replication.
+const DEFAULT_RPO: &str = "DEFAULT";
+/// Turbo replication.
+const TURBO: &str = "ASYNC_TURBO";
+
+fn upper_case<'a>(names: impl Iterator<Item = &'a String>) -> Vec<String> {
+    names.map(|n| n.to_ascii_uppercase()).collect()
+}
+
+/// The default key; `None` for Google-managed encryption.
+fn kms_key_from_gcs(b: &Bucket) -> Option<String> {
+    let key = b.encryption.as_ref().map(|e| e.default_kms_key.clone());
+    key.filter(|k| !k.is_empty())
+}
+
+/// Autoclass's terminal class, `None` when autoclass is off.
+fn autoclass_from_gcs(b: &Bucket) -> Option<String> {
+    let autoclass = b.autoclass.as_ref().filter(|a| a.enabled)?;
+    let terminal = autoclass.terminal_storage_class.as_deref();
+    Some(
+        terminal
+            .unwrap_or(DEFAULT_TERMINAL_CLASS)
+            .to_ascii_uppercase(),
+    )
+}
+
+fn cors_from_spec(c: &crate::crd::Cors) -> CorsRule {
+    CorsRule {
+        origin: c.origin.clone(),
+        method: c.method.clone(),
+        response_header: c.response_header.clone(),
+        max_age_seconds: c.max_age_seconds.unwrap_or(0),
+    }
+}
+
+fn cors_from_gcs(c: &bucket::Cors) -> CorsRule {
+    CorsRule {
+        origin: c.origin.clone(),
+        method: c.method.clone(),
+        response_header: c.response_header.clone(),
+        max_age_seconds: c.max_age_seconds,
+    }
+}
+
+fn cors_to_gcs(c: &CorsRule) -> bucket::Cors {
+    bucket::Cors::new()
+        .set_origin(c.origin.clone())
+        .set_method(c.method.clone())
+        .set_response_header(c.response_header.clone())
+        .set_max_age_seconds(c.max_age_seconds)
+}
+
+/// A website config; `None` when it sets nothing.
+fn website_from_gcs(w: &bucket::Website) -> Option<Website> {
+    let set = |s: &String| Some(s.clone()).filter(|s| !s.is_empty());
+    let website = Website {
+        main_page_suffix: set(&w.main_page_suffix),
+        not_found_page: set(&w.not_found_page),
+    };
+    (website.main_page_suffix.is_some() || website.not_found_page.is_some()).then_some(website)
+}
+
+fn website_in_words(w: &Website) -> String {
+    let show = |s: &Option<String>| s.clone().unwrap_or_else(|| "none".to_owned());
+    format!(
+        "mainPageSuffix {}, notFoundPage {}",
+        show(&w.main_page_suffix),
+        show(&w.not_found_page)
+    )
+}
+
+/// A logging config by the log bucket's plain name (GCS names it
+/// `projects/_/buckets/NAME`); the prefix `None` when it is GCS's default,
+/// the logged bucket's name. `None` when it logs nowhere.
+fn logging_from_gcs(l: &bucket::Logging, bucket_id: &str) -> Option<Logging> {
+    let log_bucket = l
+        .log_bucket
+        .rsplit_once("/buckets/")
+        .map_or(l.log_bucket.as_str(), |(_, name)| name);
+    if log_bucket.is_empty() {
+        return None;
+    }
+    let prefix = &l.log_object_prefix;
+    Some(Logging {
+        log_bucket: log_bucket.to_owned(),
+        log_object_prefix: Some(prefix.clone()).filter(|p| !p.is_empty() && p != bucket_id),
+    })
 }
 
 /// The labels added, removed and changed from `from` to `to`
@@ -378,7 +702,18 @@ mod tests {
             ],
             "publicAccessPrevention": "inherited",
             "retentionPolicy": {"retentionPeriodSeconds": 3600},
-            "softDeletePolicy": {"retentionDurationSeconds": 0}
+            "softDeletePolicy": {"retentionDurationSeconds": 0},
+            "encryption": {"defaultKmsKeyName": "projects/p/locations/us/keyRings/r/cryptoKeys/k"},
+            "cors": [{"origin": ["https://example.com"], "method": ["GET", "PUT"],
+                      "responseHeader": ["Content-Type"]}],
+            "website": {"mainPageSuffix": "index.html"},
+            "billing": {"requesterPays": true},
+            "logging": {"logBucket": "logs-k3x9q2mw", "logObjectPrefix": "photos/"},
+            "defaultEventBasedHold": true,
+            "autoclass": {"enabled": true},
+            "hierarchicalNamespace": {"enabled": true},
+            "customPlacementConfig": {"dataLocations": ["us-east1", "US-WEST1"]},
+            "rpo": "ASYNC_TURBO"
         }));
         let owner = crate::naming::Identity {
             cluster: "c",
@@ -388,7 +723,113 @@ mod tests {
         let desired = Settings::desired(&spec, &owner.labels());
         let observed = Settings::observed(&desired.to_bucket());
         assert_eq!(desired.drift(&observed), Vec::<Field>::new());
+        assert_eq!(desired.immutable_drift(&observed), Vec::<Field>::new());
         assert_eq!(observed.labels.get(OWNER_LABEL), Some(&owner.owner_key()));
+        assert_eq!(observed.autoclass.as_deref(), Some("NEARLINE"));
+        assert_eq!(observed.data_locations, ["US-EAST1", "US-WEST1"]);
+        assert_eq!(observed.cors.len(), 1);
+        assert!(observed.requester_pays && observed.default_event_based_hold);
+        assert!(observed.hierarchical_namespace && observed.kms_key.is_some());
+    }
+
+    #[test]
+    fn every_new_setting_drifts_on_its_own_field() {
+        let desired = Settings::desired(
+            &spec(
+                serde_json::json!({"bucketName": "photos", "website": {"notFoundPage": "404.html"}}),
+            ),
+            &BTreeMap::new(),
+        );
+        type Change = fn(&mut Settings);
+        let changes: [(Field, Change); 8] = [
+            (Field::Encryption, |o| {
+                o.kms_key = Some("projects/p/locations/l/keyRings/r/cryptoKeys/k".into())
+            }),
+            (Field::Cors, |o| o.cors.push(CorsRule::default())),
+            (Field::Website, |o| o.website = None),
+            (Field::Billing, |o| o.requester_pays = true),
+            (Field::Logging, |o| {
+                o.logging = Some(Logging {
+                    log_bucket: "logs".into(),
+                    log_object_prefix: None,
+                });
+            }),
+            (Field::DefaultEventBasedHold, |o| {
+                o.default_event_based_hold = true
+            }),
+            (Field::Autoclass, |o| o.autoclass = Some("ARCHIVE".into())),
+            (Field::Rpo, |o| o.rpo = Some("ASYNC_TURBO".into())),
+        ];
+        for (field, change) in changes {
+            let mut observed = desired.clone();
+            change(&mut observed);
+            assert_eq!(desired.drift(&observed), [field], "{field:?}");
+            assert!(desired.immutable_drift(&observed).is_empty(), "{field:?}");
+        }
+    }
+
+    #[test]
+    fn an_unset_rpo_accepts_gcs_default_and_turns_turbo_off() {
+        let desired = Settings::desired(
+            &spec(serde_json::json!({"bucketName": "photos"})),
+            &BTreeMap::new(),
+        );
+        let mut observed = desired.clone();
+        for (rpo, drifts) in [
+            (None, false),
+            (Some("DEFAULT"), false),
+            (Some("ASYNC_TURBO"), true),
+        ] {
+            observed.rpo = rpo.map(str::to_owned);
+            assert_eq!(desired.drift(&observed) == [Field::Rpo], drifts, "{rpo:?}");
+        }
+        assert_eq!(desired.to_bucket().rpo, "", "a create leaves GCS's default");
+        assert_eq!(desired.to_patch().rpo, "DEFAULT", "an update names it");
+    }
+
+    #[test]
+    fn gcs_default_log_prefix_and_resource_name_are_what_the_spec_means() {
+        let gcs = Bucket::new().set_bucket_id("photos-k3x9q2mw").set_logging(
+            bucket::Logging::new()
+                .set_log_bucket("projects/_/buckets/logs-k3x9q2mw")
+                .set_log_object_prefix("photos-k3x9q2mw"),
+        );
+        let expected = Logging {
+            log_bucket: "logs-k3x9q2mw".into(),
+            log_object_prefix: None,
+        };
+        assert_eq!(Settings::observed(&gcs).logging, Some(expected));
+        let nowhere = gcs.set_logging(bucket::Logging::new());
+        assert_eq!(Settings::observed(&nowhere).logging, None);
+    }
+
+    #[test]
+    fn fixed_settings_are_reported_apart_and_described() {
+        let desired = Settings::desired(
+            &spec(serde_json::json!({"bucketName": "photos", "location": "US",
+                "hierarchicalNamespace": {"enabled": true},
+                "customPlacementConfig": {"dataLocations": ["US-EAST1", "US-WEST1"]}})),
+            &BTreeMap::new(),
+        );
+        let mut observed = desired.clone();
+        observed.hierarchical_namespace = false;
+        observed.data_locations.clear();
+        assert!(
+            desired.drift(&observed).is_empty(),
+            "never in an update mask"
+        );
+        let described: Vec<String> = desired
+            .immutable_drift(&observed)
+            .into_iter()
+            .map(|f| desired.describe(&observed, f))
+            .collect();
+        assert_eq!(
+            described,
+            [
+                "hierarchicalNamespace: off → on",
+                "customPlacementConfig.dataLocations: none → US-EAST1, US-WEST1",
+            ]
+        );
     }
 
     #[test]

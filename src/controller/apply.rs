@@ -617,6 +617,7 @@ async fn correct_drift(
     if adopted_now {
         report_adoption(ctx, status, request, bucket, &changes);
     }
+    report_immutable_drift(ctx, status, request, &observed, physical);
     if drift.is_empty() {
         return Ok(());
     }
@@ -624,7 +625,7 @@ async fn correct_drift(
     ctx.gcs
         .update_bucket(
             physical,
-            request.desired.to_bucket(),
+            request.desired.to_patch(),
             &mask,
             bucket.metageneration,
         )
@@ -638,6 +639,48 @@ async fn correct_drift(
         format!("Bucket {physical} set as declared: {}", changes.join("; ")),
     );
     Ok(())
+}
+
+/// Condition type present while a setting GCS fixes at creation differs
+/// from the spec (a bucket adopted or found again with other settings).
+const IMMUTABLE_SETTINGS_DIFFER: &str = "ImmutableSettingsDiffer";
+
+/// The `ImmutableSettingsDiffer` condition, and a warning when it appears
+/// or changes: settings GCS cannot change on an existing bucket. The bucket
+/// is never re-created for them; it stays Ready as it is.
+fn report_immutable_drift(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    observed: &Settings,
+    physical: &str,
+) {
+    let differences: Vec<String> = request
+        .desired
+        .immutable_drift(observed)
+        .into_iter()
+        .map(|field| request.desired.describe(observed, field))
+        .collect();
+    if differences.is_empty() {
+        status.condition(IMMUTABLE_SETTINGS_DIFFER, None);
+        return;
+    }
+    let message = format!(
+        "bucket {physical} differs from the spec in settings GCS fixes when a bucket is created ({}); bucketmap never re-creates a bucket to change them: to get a bucket with these settings, create a new Gcs resource",
+        differences.join("; ")
+    );
+    let current = status.current(IMMUTABLE_SETTINGS_DIFFER);
+    if current.is_none_or(|c| c.message != message) {
+        ctx.event(
+            request.obj,
+            EventType::Warning,
+            IMMUTABLE_SETTINGS_DIFFER,
+            "UpdateBucket",
+            message.clone(),
+        );
+    }
+    let value = (true, IMMUTABLE_SETTINGS_DIFFER, message);
+    status.condition(IMMUTABLE_SETTINGS_DIFFER, Some(value));
 }
 
 /// The `Adopted` condition and event: the bucket, and every setting the
