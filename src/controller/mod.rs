@@ -15,6 +15,8 @@
 mod access;
 mod apply;
 mod cleanup;
+#[cfg(test)]
+mod fast_tests;
 mod finalizer;
 mod namespaces;
 mod scope;

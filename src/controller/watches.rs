@@ -314,3 +314,62 @@ fn watch_published(
     }
     (configmaps, secrets, tasks)
 }
+
+/// The caches a [`Context`] reads, filled by the caller: the unit tests'
+/// stand-in for the watches of [`run`].
+#[cfg(test)]
+pub(super) struct Stores {
+    pub resources: Store<Gcs>,
+    pub namespaces: Store<NamespaceMeta>,
+    pub configmaps: Store<ConfigMap>,
+    pub secrets: Store<Secret>,
+    pub service_accounts: Store<ServiceAccountMeta>,
+}
+
+#[cfg(test)]
+impl Context {
+    /// A context as [`run`] builds it, over `stores` instead of watches,
+    /// its namespace caches counted as synced; with the receiver of the
+    /// resources the bucket maps wake.
+    pub(super) fn without_watches(
+        client: kube::Client,
+        gcs: GcsClient,
+        metrics: Arc<Metrics>,
+        config: OperatorConfig,
+        stores: Stores,
+    ) -> (Arc<Context>, mpsc::UnboundedReceiver<ObjectRef<Gcs>>) {
+        let (wake, woken) = mpsc::unbounded_channel();
+        let settings = MapSettings {
+            map_name: config.map_name.clone(),
+            max_bytes: config.map_max_bytes,
+            debounce: config.map_debounce,
+            writers: config.map_writers,
+        };
+        let (resources, configmaps) = (stores.resources, stores.configmaps);
+        let maps = BucketMaps::new(
+            client.clone(),
+            metrics.clone(),
+            settings,
+            resources,
+            configmaps,
+            wake,
+        );
+        let ctx = Context {
+            events: crate::events::Events::new(client.clone(), reporter(), metrics.clone()),
+            pacer: Pacer::new(config.bucket_ops_interval),
+            namespaces: stores.namespaces,
+            namespace_reads: super::namespaces::NamespaceReads::new(client.clone()),
+            service_accounts: stores.service_accounts,
+            namespaces_synced: Arc::new(AtomicBool::new(true)),
+            failures: FailureCounts::default(),
+            slots: Slots::new(config.concurrency),
+            client,
+            gcs,
+            metrics,
+            config,
+            maps,
+            secrets: stores.secrets,
+        };
+        (Arc::new(ctx), woken)
+    }
+}

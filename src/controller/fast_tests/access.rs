@@ -1,0 +1,113 @@
+//! `spec.access`: grants in the bucket's IAM policy, the `Access`
+//! condition, and their revocation when the resource goes.
+
+use bucketmap_testkit::mock_gcs::has_member;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use serde_json::json;
+
+use super::harness::{Harness, NS, condition};
+use crate::conditions::{ACCESS, reason};
+use crate::iam::GSA_ANNOTATION;
+
+const USER: &str = "roles/storage.objectUser";
+const GSA: &str = "app@acme-test.iam.gserviceaccount.com";
+
+fn spec() -> serde_json::Value {
+    json!({"bucketName": "photos", "access": [{"serviceAccount": "app", "role": "objectUser"}]})
+}
+
+fn service_account(h: &Harness) {
+    let sa: ServiceAccount = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "app", "namespace": NS, "annotations": {GSA_ANNOTATION: GSA}},
+    }))
+    .expect("a ServiceAccount");
+    h.api.create(&sa);
+}
+
+/// The `Access` condition of `photos`: (status, reason).
+fn access(h: &Harness) -> Option<(String, String)> {
+    let g = h.get("photos")?;
+    condition(&g, ACCESS).map(|c| (c.status, c.reason))
+}
+
+#[tokio::test]
+async fn reconcile_grants_spec_access_and_reports_access_granted() {
+    let h = Harness::new().await;
+    service_account(&h);
+    h.create("photos", spec());
+    let g = h.reconcile_until_ready("photos").await;
+    let physical = g
+        .status
+        .as_ref()
+        .and_then(|s| s.bucket_full_name.clone())
+        .expect("a bucket");
+    let policy = h.gcs.iam_policy(&physical).unwrap_or_default();
+    let member = format!("serviceAccount:{GSA}");
+    assert!(has_member(&policy, USER, &member), "{policy:#?}");
+    assert_eq!(
+        access(&h),
+        Some(("True".into(), reason::ACCESS_GRANTED.into()))
+    );
+    let recorded = g.status.map(|s| s.access).unwrap_or_default();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].member, member);
+}
+
+#[tokio::test]
+async fn reconcile_of_access_for_a_missing_service_account_reports_access_pending() {
+    let h = Harness::new().await;
+    h.create("photos", spec());
+    h.reconcile_until_ready("photos").await;
+    assert_eq!(
+        access(&h),
+        Some(("False".into(), reason::ACCESS_PENDING.into()))
+    );
+    service_account(&h);
+    h.reconcile("photos").await.expect("the reconcile succeeds");
+    assert_eq!(
+        access(&h),
+        Some(("True".into(), reason::ACCESS_GRANTED.into()))
+    );
+}
+
+#[tokio::test]
+async fn reconcile_of_access_for_an_identity_less_service_account_reports_access_not_allowed() {
+    let h = Harness::new().await;
+    let sa: ServiceAccount = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "app", "namespace": NS},
+    }))
+    .expect("a ServiceAccount");
+    h.api.create(&sa);
+    h.create("photos", spec());
+    let g = h.reconcile_until_ready("photos").await;
+    assert_eq!(
+        access(&h),
+        Some(("False".into(), reason::ACCESS_NOT_ALLOWED.into()))
+    );
+    let physical = g.status.and_then(|s| s.bucket_full_name).expect("a bucket");
+    let policy = h.gcs.iam_policy(&physical).unwrap_or_default();
+    assert!(
+        !policy.bindings.iter().any(|b| b.role == USER),
+        "{policy:#?}"
+    );
+}
+
+#[tokio::test]
+async fn reconcile_revokes_the_grants_of_an_orphaned_bucket() {
+    let h = Harness::new().await;
+    service_account(&h);
+    let mut orphan = spec();
+    orphan["deletionPolicy"] = json!("Orphan");
+    h.create("photos", orphan);
+    let g = h.reconcile_until_ready("photos").await;
+    let physical = g.status.and_then(|s| s.bucket_full_name).expect("a bucket");
+    h.delete("photos").await;
+    h.reconcile("photos").await.expect("the cleanup succeeds");
+    assert!(h.get("photos").is_none());
+    let policy = h.gcs.iam_policy(&physical).expect("the bucket is kept");
+    assert!(
+        !has_member(&policy, USER, &format!("serviceAccount:{GSA}")),
+        "{policy:#?}"
+    );
+}
