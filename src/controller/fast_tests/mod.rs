@@ -15,6 +15,8 @@ mod ssa;
 
 /// `spec.access`.
 mod access;
+/// `spec.adopt`.
+mod adoption;
 /// Create, drift, steady state, naming.
 mod apply;
 /// Deletion per `deletionPolicy`.
@@ -23,3 +25,5 @@ mod cleanup;
 mod conditions;
 /// The fake answers as the API server does; the reconciler relies on it.
 mod fidelity;
+/// The namespace, the tenancy policy, the map budget.
+mod limits;

@@ -1,0 +1,96 @@
+//! What the namespace, the tenancy policy and the map's budget allow.
+
+use k8s_openapi::api::core::v1::Namespace;
+use serde_json::json;
+
+use super::harness::{self, Harness, NS, ready};
+use crate::conditions::reason;
+use crate::controller::{OperatorConfig, PROJECT_ANNOTATION};
+
+/// Reconciles `name` twice; its `Ready` (status, reason).
+async fn settle(h: &Harness, name: &str) -> (String, String) {
+    h.reconcile(name).await.expect("the finalizer is added");
+    h.reconcile(name).await.expect("the reconcile succeeds");
+    let g = h.get(name).expect("the resource exists");
+    let ready = ready(&g).expect("a Ready condition");
+    (ready.status, ready.reason)
+}
+
+fn not_ready(reason: &str) -> (String, String) {
+    ("False".to_owned(), reason.to_owned())
+}
+
+#[tokio::test]
+async fn reconcile_reports_project_changed_when_the_namespace_moves_to_another_project() {
+    let h = Harness::new().await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    let g = h.reconcile_until_ready("photos").await;
+    let physical = g.status.and_then(|s| s.bucket_full_name).expect("a bucket");
+    h.api.modify::<Namespace>("", NS, |ns| {
+        ns["metadata"]["annotations"] = json!({PROJECT_ANNOTATION: "another-project"});
+    });
+    h.reconcile("photos").await.expect("the reconcile succeeds");
+    let g = h.get("photos").expect("the resource exists");
+    let ready = ready(&g).expect("a Ready condition");
+    assert_eq!(
+        (ready.status, ready.reason),
+        not_ready(reason::PROJECT_CHANGED)
+    );
+    assert!(h.gcs.bucket(&physical).is_some(), "the bucket stays");
+    assert_eq!(h.gcs.buckets().len(), 1, "none created elsewhere");
+}
+
+#[tokio::test]
+async fn reconcile_of_a_project_the_policy_does_not_allow_reports_not_allowed_by_policy() {
+    let h = Harness::new().await;
+    h.create(
+        "photos",
+        json!({"bucketName": "photos", "projectID": "not-the-default"}),
+    );
+    assert_eq!(
+        settle(&h, "photos").await,
+        not_ready(reason::NOT_ALLOWED_BY_POLICY)
+    );
+    assert!(h.gcs.calls().is_empty());
+}
+
+#[tokio::test]
+async fn reconcile_counts_the_namespace_resources_against_the_policy_limit() {
+    let policy: crate::tenancy::Policy = serde_json::from_value(json!({"rules": [
+        {"namespaces": [NS], "projects": [harness::PROJECT], "maxBucketsPerNamespace": 1},
+    ]}))
+    .expect("a policy");
+    let config = OperatorConfig {
+        tenancy: std::sync::Arc::new(policy),
+        ..harness::config()
+    };
+    let h = Harness::with_config(config).await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    h.reconcile_until_ready("photos").await;
+    h.create("videos", json!({"bucketName": "videos"}));
+    assert_eq!(
+        settle(&h, "videos").await,
+        not_ready(reason::NOT_ALLOWED_BY_POLICY)
+    );
+    assert_eq!(h.gcs.buckets().len(), 1, "no second bucket");
+    h.reconcile("photos").await.expect("the reconcile succeeds");
+    let photos = h.get("photos").expect("the resource exists");
+    assert_eq!(
+        ready(&photos).map(|c| c.status),
+        Some("True".into()),
+        "the first keeps its bucket"
+    );
+}
+
+#[tokio::test]
+async fn reconcile_of_an_entry_the_map_has_no_room_for_reports_map_full() {
+    let h = Harness::with_config(OperatorConfig {
+        map_max_bytes: 10,
+        ..harness::config()
+    })
+    .await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    assert_eq!(settle(&h, "photos").await, not_ready(reason::MAP_FULL));
+    assert_eq!(h.gcs.buckets().len(), 1, "the bucket exists, unpublished");
+    assert!(h.map().is_empty());
+}
