@@ -52,6 +52,10 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
         json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
     ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Location", type_ = "string", json_path = ".spec.location", priority = "1"),
+    printcolumn(name = "Class", type_ = "string", json_path = ".spec.storageClass", priority = "1"),
+    printcolumn(name = "Autoclass", type_ = "boolean", json_path = ".spec.autoclass.enabled", priority = "1"),
+    printcolumn(name = "RPO", type_ = "string", json_path = ".spec.rpo", priority = "1"),
     validation = Rule::new("!has(oldSelf.spec.projectID) || (has(self.spec.projectID) && self.spec.projectID == oldSelf.spec.projectID)")
         .message("spec.projectID is immutable once set: GCS cannot move a bucket to another project; create a new Gcs resource instead")
         .field_path(".spec.projectID"),

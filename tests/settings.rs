@@ -259,6 +259,25 @@ async fn every_setting_is_applied_on_create_and_nothing_is_written_in_sync() -> 
     let bucket = f.gcs.bucket(&id).expect("bucket exists");
     assert_every_setting(&bucket);
     assert_eq!(f.gcs.call_count("CreateBucket"), 1);
+    let out = f
+        .kubectl(&["get", "gcs", "photos", "-o", "wide", "-n", &f.ns])
+        .await?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 2, "{table}");
+    assert_eq!(
+        lines[0][6..],
+        ["LOCATION", "CLASS", "AUTOCLASS", "RPO"],
+        "{table}"
+    );
+    assert_eq!(
+        lines[1][6..],
+        ["US", "STANDARD", "true", "ASYNC_TURBO"],
+        "{table}"
+    );
 
     // In sync: resyncs read, never write.
     f.gcs.reset_calls();
