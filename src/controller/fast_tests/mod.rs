@@ -27,3 +27,5 @@ mod conditions;
 mod fidelity;
 /// The namespace, the tenancy policy, the map budget.
 mod limits;
+/// Buckets found again; settings fixed at creation.
+mod recovery;
