@@ -1,7 +1,7 @@
 //! The reconciler's fast tier: every phase of [`super::reconcile`] against
 //! an in-memory Kubernetes API server (module `api`, a `kube::Client` over
-//! a `tower::service_fn`) and the in-process GCS mock, a few milliseconds
-//! per test. Every test has `reconcile` in its name: `cargo test -p
+//! a `tower::service_fn`) and the in-process GCS mock, with no control
+//! plane to start. Every test has `reconcile` in its name: `cargo test -p
 //! bucketmap --lib reconcile` runs the tier. What only a real API server
 //! shows (admission, CEL rules, server-side apply's full merge rules,
 //! watches) stays in `tests/`.
