@@ -321,6 +321,8 @@ fn write_tenancy_policy(
         rules: vec![bucketmap::tenancy::Rule {
             name: Some("chaos".to_owned()),
             projects: project_names(args),
+            // The run deletes non-empty buckets with forceDestroy.
+            allow_force_destroy: true,
             ..Default::default()
         }],
     };
