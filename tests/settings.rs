@@ -112,6 +112,14 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
             "a key, not a key version",
         ),
         (
+            "{bucketName: photos, location: europe-west1, encryption: {defaultKmsKeyName: projects/p/locations/europe-west4/keyRings/r/cryptoKeys/k}}",
+            "encryption.defaultKmsKeyName must be a key in the bucket's location",
+        ),
+        (
+            "{bucketName: photos, location: EU, encryption: {defaultKmsKeyName: projects/p/locations/eu/keyRings/r/cryptoKeys/k}}",
+            "or in us, europe or asia for the US, EU and ASIA multi-regions",
+        ),
+        (
             "{bucketName: photos, cors: [{origin: ['*'], method: [get]}]}",
             "CORS methods are HTTP methods in upper case",
         ),
@@ -171,6 +179,22 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
         assert!(
             stderr.contains(message),
             "{spec}: expected {message:?} in {stderr}"
+        );
+    }
+
+    // A key in the bucket's region, or in the multi-region's KMS location.
+    for (name, location, key_location) in [
+        ("regional", "EUROPE-WEST1", "europe-west1"),
+        ("multi", "eu", "europe"),
+    ] {
+        let spec = format!(
+            "{{bucketName: {name}, location: {location}, encryption: {{defaultKmsKeyName: projects/p/locations/{key_location}/keyRings/r/cryptoKeys/k}}}}"
+        );
+        let out = f.kubectl_apply(&manifest(name, &spec)).await?;
+        assert!(
+            out.status.success(),
+            "{spec}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 

@@ -173,5 +173,20 @@ fn check_encryption(bucket: &proto::Bucket) -> Result<(), Status> {
             bucket.bucket_id
         )));
     }
-    Ok(())
+    let wanted = match (bucket.location.as_str(), bucket.location_type.as_str()) {
+        (_, "dual-region") => None,
+        ("US", _) => Some("us".to_string()),
+        ("EU", _) => Some("europe".to_string()),
+        ("ASIA", _) => Some("asia".to_string()),
+        (region, "region") => Some(region.to_lowercase()),
+        _ => None,
+    };
+    match wanted {
+        Some(wanted) if parts[3] != wanted => Err(Status::invalid_argument(format!(
+            "bucket {}: the Cloud KMS key {key} is in location {}, but a bucket in {} needs a key \
+             in {wanted}",
+            bucket.bucket_id, parts[3], bucket.location
+        ))),
+        _ => Ok(()),
+    }
 }

@@ -310,10 +310,24 @@ async fn keys_logging_and_the_other_settings_are_kept_as_sent() -> anyhow::Resul
     );
     assert_eq!(code, Code::InvalidArgument);
     assert!(message.contains("Cloud KMS key"), "{message}");
+    let elsewhere = "projects/p/locations/europe/keyRings/r/cryptoKeys/k";
+    let (code, message) = refusal(
+        create(
+            &client,
+            "cmek-a",
+            Bucket::new()
+                .set_location("US")
+                .set_encryption(bucket::Encryption::new().set_default_kms_key(elsewhere)),
+        )
+        .await,
+    );
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.contains("needs a key in us"), "{message}");
     let created = create(
         &client,
         "cmek-a",
         Bucket::new()
+            .set_location("US")
             .set_encryption(bucket::Encryption::new().set_default_kms_key(key))
             .set_logging(bucket::Logging::new().set_log_bucket("projects/_/buckets/logs-a"))
             .set_cors([bucket::Cors::new()
