@@ -16,6 +16,9 @@ pub struct Planned {
     pub project: String,
     /// `deletionPolicy: Orphan`: the bucket stays after the delete.
     pub orphan: bool,
+    /// `deletionPolicy: Abandon`: the bucket stays after the delete,
+    /// without bucketmap's labels (never with `orphan`).
+    pub abandon: bool,
     /// An object is put in the bucket once it is Ready.
     pub non_empty: bool,
     /// `spec.forceDestroy`.
@@ -30,11 +33,14 @@ impl Planned {
 
     /// Deleting it must stop at `DeletionBlocked` (a person has to act).
     pub fn blocked(&self) -> bool {
-        self.non_empty && !self.force_destroy && !self.orphan
+        self.non_empty && !self.force_destroy && !self.keeps_bucket()
     }
 
     /// What kind of resource it is, for messages.
     pub fn kind(&self) -> &'static str {
+        if self.abandon {
+            return "Abandon";
+        }
         match (self.orphan, self.non_empty, self.force_destroy) {
             (true, true, _) => "Orphan, non-empty",
             (true, false, _) => "Orphan",
@@ -46,8 +52,16 @@ impl Planned {
 
     /// Its bucket outlives the resource (by design).
     pub fn keeps_bucket(&self) -> bool {
-        self.orphan
+        self.orphan || self.abandon
     }
+}
+
+/// What was recorded of a resource when all were Ready.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recorded {
+    pub uid: String,
+    /// Its bucket, as its status named it.
+    pub physical: Option<String>,
 }
 
 /// A `Gcs` resource as the API server shows it.
@@ -258,10 +272,10 @@ fn leaks(plan: &[Planned], world: &World, foreign: &BTreeSet<String>) -> Vec<(St
 /// After every delete: only the blocked resources remain, each with its
 /// finalizer, `DeletionBlocked`, and its bucket with its objects; Orphan
 /// buckets stay; every other bucket is gone; no map entry or binding left.
-/// `uids` are the resources' uids recorded when they were Ready.
+/// `recorded` is what the resources' statuses said when they were Ready.
 pub fn after_deletes(
     plan: &[Planned],
-    uids: &BTreeMap<String, String>,
+    recorded: &BTreeMap<String, Recorded>,
     world: &World,
 ) -> Vec<Violation> {
     let mut out = Vec::new();
@@ -288,7 +302,7 @@ pub fn after_deletes(
             )),
             _ => {}
         }
-        out.extend(bucket_fate(p, uids.get(&p.key()), world, p.blocked()));
+        out.extend(bucket_fate(p, recorded.get(&p.key()), world, p.blocked()));
     }
     out.extend(extra_map_entries(plan, world));
     out
@@ -298,12 +312,15 @@ pub fn after_deletes(
 /// is gone otherwise.
 fn bucket_fate(
     p: &Planned,
-    uid: Option<&String>,
+    recorded: Option<&Recorded>,
     world: &World,
     blocked_now: bool,
 ) -> Vec<Violation> {
-    if uid.is_none() {
+    let Some(recorded) = recorded else {
         return vec![format!("{}: its uid was never recorded", p.key())];
+    };
+    if p.abandon {
+        return abandoned_fate(p, recorded, world);
     }
     let owner = p.key();
     let owned: Vec<(&String, &SeenBucket)> = world
@@ -334,12 +351,135 @@ fn bucket_fate(
     }
 }
 
-/// The end: no resource left (no finalizer stuck), only Orphan buckets
-/// kept, foreign buckets exactly as they were, every resource Ready
-/// exactly once. Returns the violations and the leak/duplicate tally.
+/// An Abandon resource's bucket, once the resource is deleted: the one its
+/// status named, kept, without bucketmap's labels; no other bucket of its.
+fn abandoned_fate(p: &Planned, recorded: &Recorded, world: &World) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let physical = recorded.physical.as_deref().unwrap_or_default();
+    match world.buckets.get(physical) {
+        None => out.push(format!("{}: its bucket {physical:?} was deleted", p.key())),
+        Some(b) => {
+            let kept: Vec<&String> = ownership_labels(b).collect();
+            if !kept.is_empty() {
+                out.push(format!(
+                    "{}: Abandon kept bucketmap's labels {kept:?} on bucket {physical}",
+                    p.key()
+                ));
+            }
+        }
+    }
+    let owner = p.key();
+    for id in world.buckets.iter().filter_map(|(id, b)| {
+        (id != physical && b.owner.as_deref() == Some(owner.as_str())).then_some(id)
+    }) {
+        out.push(format!(
+            "{}: bucket {id} still exists after the delete (leak)",
+            p.key()
+        ));
+    }
+    out
+}
+
+/// The ownership labels (`naming::OWNERSHIP_LABELS`) a bucket carries.
+fn ownership_labels(b: &SeenBucket) -> impl Iterator<Item = &String> {
+    b.labels
+        .keys()
+        .filter(|k| bucketmap::naming::OWNERSHIP_LABELS.contains(&k.as_str()))
+}
+
+/// Every bucket left has an owner the run expects: a foreign one it put
+/// there; one the run deleted with Abandon, without bucketmap's labels;
+/// or one carrying all of bucketmap's ownership labels (`managed-by`
+/// bucketmap, the owner key of the cluster, namespace and name they
+/// name) for a `Gcs` that exists or that the run deleted with Orphan.
+/// Any other is reported by its id.
+pub fn unexpected_owners(
+    plan: &[Planned],
+    recorded: &BTreeMap<String, Recorded>,
+    world: &World,
+    foreign: &BTreeMap<String, SeenBucket>,
+) -> Vec<Violation> {
+    use bucketmap::naming::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNERSHIP_LABELS};
+    let abandoned: BTreeSet<&str> = plan
+        .iter()
+        .filter(|p| p.abandon)
+        .filter_map(|p| recorded.get(&p.key())?.physical.as_deref())
+        .collect();
+    let orphaned: BTreeSet<String> = plan.iter().filter(|p| p.orphan).map(Planned::key).collect();
+    let mut out = Vec::new();
+    for (id, b) in &world.buckets {
+        if foreign.contains_key(id) {
+            continue;
+        }
+        let labelled = OWNERSHIP_LABELS.iter().all(|k| b.labels.contains_key(*k))
+            && b.labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY_VALUE);
+        let problem = match (&b.owner, labelled) {
+            (_, false) if abandoned.contains(id.as_str()) => {
+                if ownership_labels(b).next().is_none() {
+                    continue;
+                }
+                "some of bucketmap's labels left after Abandon".to_owned()
+            }
+            (Some(owner), true)
+                if world.resources.contains_key(owner) || orphaned.contains(owner) =>
+            {
+                continue;
+            }
+            (Some(owner), true) => {
+                format!("owned by {owner}, which neither exists nor was deleted with Orphan")
+            }
+            _ => "without bucketmap's complete ownership labels".to_owned(),
+        };
+        out.push(format!(
+            "bucket {id} has no owner the run expects: {problem} (labels {:?})",
+            b.labels
+        ));
+    }
+    out
+}
+
+/// The buckets left, by the owner the run expects for them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    pub total: usize,
+    pub foreign: usize,
+    pub orphaned: usize,
+    pub abandoned: usize,
+}
+
+/// Counts the buckets left (what [`unexpected_owners`] looked at).
+pub fn left(
+    plan: &[Planned],
+    recorded: &BTreeMap<String, Recorded>,
+    world: &World,
+    foreign: &BTreeMap<String, SeenBucket>,
+) -> Left {
+    let physical = |p: &Planned| recorded.get(&p.key())?.physical.clone();
+    let abandoned: BTreeSet<String> = plan
+        .iter()
+        .filter(|p| p.abandon)
+        .filter_map(physical)
+        .collect();
+    let orphaned: BTreeSet<String> = plan.iter().filter(|p| p.orphan).map(Planned::key).collect();
+    let count = |f: &dyn Fn(&String, &SeenBucket) -> bool| {
+        world.buckets.iter().filter(|(id, b)| f(id, b)).count()
+    };
+    Left {
+        total: world.buckets.len(),
+        foreign: count(&|id, _| foreign.contains_key(id)),
+        orphaned: count(&|_, b| b.owner.as_ref().is_some_and(|o| orphaned.contains(o))),
+        abandoned: count(&|id, _| abandoned.contains(id)),
+    }
+}
+
+/// The end: no resource left (no finalizer stuck), only Orphan and Abandon
+/// buckets kept, every bucket with an owner the run expects
+/// ([`unexpected_owners`]), foreign buckets exactly as they were, every
+/// resource Ready exactly once. Returns the violations and the
+/// leak/duplicate tally.
 pub fn at_end(
     plan: &[Planned],
-    uids: &BTreeMap<String, String>,
+    recorded: &BTreeMap<String, Recorded>,
     world: &World,
     foreign_before: &BTreeMap<String, SeenBucket>,
 ) -> (Vec<Violation>, Tally) {
@@ -354,13 +494,12 @@ pub fn at_end(
                 r.reason
             ));
         }
-        let fate = bucket_fate(p, uids.get(&p.key()), world, false);
-        tally.leaks += fate.iter().filter(|v| v.contains("(leak)")).count();
+        let fate = bucket_fate(p, recorded.get(&p.key()), world, false);
         tally.duplicates += fate.iter().filter(|v| v.contains("duplicate")).count();
         out.extend(fate);
-        let transitions = uids
+        let transitions = recorded
             .get(&p.key())
-            .and_then(|uid| world.ready_transitions.get(uid))
+            .and_then(|r| world.ready_transitions.get(&r.uid))
             .copied()
             .unwrap_or(0);
         if transitions != 1 {
@@ -370,15 +509,11 @@ pub fn at_end(
             ));
         }
     }
-    let ours: BTreeSet<String> = uids.keys().cloned().collect();
-    for (id, b) in &world.buckets {
-        let known =
-            foreign_before.contains_key(id) || b.owner.as_ref().is_some_and(|o| ours.contains(o));
-        if !known {
-            tally.leaks += 1;
-            out.push(format!("leaked bucket {id} (owner label {:?})", b.owner));
-        }
-    }
+    // Every bucket a resource left behind that it should not have is
+    // one here (so a leak is counted once, by its bucket).
+    let unexpected = unexpected_owners(plan, recorded, world, foreign_before);
+    tally.leaks += unexpected.len();
+    out.extend(unexpected);
     out.extend(foreign_untouched(foreign_before, world));
     out.extend(extra_map_entries(plan, world));
     (out, tally)

@@ -2,8 +2,8 @@
 //!
 //! On a real API server (`testenv`) and the in-repo mock GCS, several
 //! hundred `Gcs` resources over several namespaces and projects (some
-//! `deletionPolicy: Orphan`, some buckets given an object, with and
-//! without `forceDestroy`) are created, then deleted, while:
+//! `deletionPolicy: Orphan` or `Abandon`, some buckets given an object,
+//! with and without `forceDestroy`) are created, then deleted, while:
 //! - the operator runs as two `--leader-elect` replicas, separate
 //!   processes, and at random moments one is SIGKILLed (the Lease holder
 //!   every other time) and started again (`replicas`);
@@ -17,7 +17,8 @@
 //! Foreign buckets sit in the same projects. Three checkpoints
 //! (`check`): all Ready; deletes done (the non-empty buckets without
 //! forceDestroy block their resource with `DeletionBlocked`); and, after
-//! those buckets are emptied, the end. Then whether the planned kills,
+//! those buckets are emptied, the end, where every bucket left must have
+//! an owner the run expects. Then whether the planned kills,
 //! leader kills and faults happened (`disruptions`): a run spared them
 //! proves nothing. Every violation is printed; any fails the run, and
 //! what was verified is printed too. The seed is printed always: `--seed` repeats the plan,
@@ -39,7 +40,7 @@ use bucketmap::crd::Gcs;
 use bucketmap_testkit::mock_gcs::{Fault, FaultCounts, MockGcs, MockHandle, RandomFaults, proto};
 use bucketmap_testkit::testenv::{self, TestEnv};
 
-use check::{Planned, Tally, Violation};
+use check::{Planned, Recorded, Tally, Violation};
 use observe::{ReadyWatch, Scope};
 use replicas::{KillPlan, ReplicaCounts, ReplicaSpec, Replicas};
 
@@ -105,6 +106,7 @@ struct Figures {
     converged: Duration,
     tally: Tally,
     foreign_kept: usize,
+    left: check::Left,
 }
 
 /// The running world of one chaos run.
@@ -391,25 +393,35 @@ async fn phases(
     if !violations.is_empty() {
         return Ok(violations);
     }
-    let uids: BTreeMap<String, String> = ready
+    let recorded: BTreeMap<String, Recorded> = ready
         .resources
         .iter()
-        .map(|(k, r)| (k.clone(), r.uid.clone()))
+        .map(|(k, r)| {
+            let physical = r.physical.clone();
+            (
+                k.clone(),
+                Recorded {
+                    uid: r.uid.clone(),
+                    physical,
+                },
+            )
+        })
         .collect();
-    wait_watch_caught_up(&w.watch, &uids).await;
+    wait_watch_caught_up(&w.watch, &recorded).await;
     plan::delete_all(&w.client, plan).await?;
     violations.extend(wait_blocked(args, w, plan).await);
     let blocked = observe::snapshot(&w.scope(), &w.watch).await?;
     violations.extend(at(
         "deletes done",
-        check::after_deletes(plan, &uids, &blocked),
+        check::after_deletes(plan, &recorded, &blocked),
     ));
     unblock(w, plan, &blocked).await?;
     violations.extend(wait_gone(args, w, plan).await);
     figures.converged = started.elapsed();
     let end = observe::snapshot(&w.scope(), &w.watch).await?;
-    let (at_end, tally) = check::at_end(plan, &uids, &end, foreign);
+    let (at_end, tally) = check::at_end(plan, &recorded, &end, foreign);
     figures.tally = tally;
+    figures.left = check::left(plan, &recorded, &end, foreign);
     figures.foreign_kept = foreign
         .iter()
         .filter(|(id, b)| end.buckets.get(*id) == Some(*b))
@@ -445,11 +457,11 @@ async fn wait_ready(args: &ChaosArgs, w: &Run, plan: &[Planned]) -> Vec<Violatio
 /// Waits (a minute at most) until the Ready watch has seen every resource
 /// Ready: after the API server restart it may still be backing off, and a
 /// resource it first sees while being deleted would count as never Ready.
-async fn wait_watch_caught_up(watch: &ReadyWatch, uids: &BTreeMap<String, String>) {
+async fn wait_watch_caught_up(watch: &ReadyWatch, recorded: &BTreeMap<String, Recorded>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let seen = watch.transitions();
-        if uids.values().all(|uid| seen.contains_key(uid)) {
+        if recorded.values().all(|r| seen.contains_key(&r.uid)) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -529,15 +541,16 @@ async fn unblock(w: &Run, plan: &[Planned], world: &check::World) -> anyhow::Res
 fn print_plan(args: &ChaosArgs, plan: &[Planned]) {
     let count = |f: &dyn Fn(&Planned) -> bool| plan.iter().filter(|p| f(p)).count();
     println!(
-        "resources: {} over {} namespaces and {} projects; Orphan {} (of which non-empty {}), non-empty with forceDestroy {}, non-empty without forceDestroy {}, plain {}; foreign buckets {FOREIGN_BUCKETS}",
+        "resources: {} over {} namespaces and {} projects; Orphan {} (of which non-empty {}), Abandon {}, non-empty with forceDestroy {}, non-empty without forceDestroy {}, plain {}; foreign buckets {FOREIGN_BUCKETS}",
         plan.len(),
         args.namespaces.max(1),
         args.projects.max(1),
         count(&|p| p.orphan),
         count(&|p| p.orphan && p.non_empty),
+        count(&|p| p.abandon),
         count(&|p| p.non_empty && p.force_destroy && !p.orphan),
         count(&|p| p.blocked()),
-        count(&|p| !p.orphan && !p.non_empty),
+        count(&|p| !p.keeps_bucket() && !p.non_empty),
     );
 }
 
@@ -573,6 +586,11 @@ fn print_figures(args: &ChaosArgs, f: &Figures) {
     println!(
         "- leaks: {}, duplicates: {}, foreign buckets untouched: {} of {FOREIGN_BUCKETS}",
         f.tally.leaks, f.tally.duplicates, f.foreign_kept
+    );
+    let l = &f.left;
+    println!(
+        "- buckets left at the end: {} (foreign {}, kept by Orphan {}, released by Abandon {}), each checked for an owner the run expects",
+        l.total, l.foreign, l.orphaned, l.abandoned
     );
     println!(
         "- time to all Ready: {:.1} s; time to converge (first create to last resource gone): {:.1} s",

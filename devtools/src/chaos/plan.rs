@@ -16,10 +16,14 @@ const ORPHAN: f64 = 0.15;
 const ORPHAN_NON_EMPTY: f64 = 0.05;
 const BLOCKED: f64 = 0.10;
 const FORCED: f64 = 0.15;
+/// One resource in `ABANDON_EVERY` (the eleventh, the thirty-first, ...)
+/// is `Abandon` and left empty, whatever the draws: every run of eleven
+/// resources or more has some.
+const ABANDON_EVERY: usize = 20;
 
 /// `n` resources round-robin over `namespaces` and `projects`, each drawn
 /// Orphan / Orphan and non-empty / non-empty without forceDestroy /
-/// non-empty with forceDestroy / plain.
+/// non-empty with forceDestroy / plain, except the Abandon ones.
 pub fn plan(
     rng: &mut fastrand::Rng,
     n: usize,
@@ -29,8 +33,10 @@ pub fn plan(
     (0..n)
         .map(|i| {
             let draw = rng.f64();
-            let orphan = draw < ORPHAN + ORPHAN_NON_EMPTY;
-            let non_empty = (ORPHAN..ORPHAN + ORPHAN_NON_EMPTY + BLOCKED + FORCED).contains(&draw);
+            let abandon = i % ABANDON_EVERY == 10;
+            let orphan = draw < ORPHAN + ORPHAN_NON_EMPTY && !abandon;
+            let non_empty =
+                (ORPHAN..ORPHAN + ORPHAN_NON_EMPTY + BLOCKED + FORCED).contains(&draw) && !abandon;
             let force_destroy = draw >= ORPHAN + ORPHAN_NON_EMPTY + BLOCKED && non_empty;
             Planned {
                 namespace: namespaces[i % namespaces.len()].clone(),
@@ -38,6 +44,7 @@ pub fn plan(
                 logical: format!("chaos-{i:04}"),
                 project: projects[i % projects.len()].clone(),
                 orphan,
+                abandon,
                 non_empty,
                 force_destroy,
             }
@@ -47,7 +54,11 @@ pub fn plan(
 
 /// The `Gcs` object of `p`.
 fn object(p: &Planned) -> anyhow::Result<Gcs> {
-    let policy = if p.orphan { "Orphan" } else { "Delete" };
+    let policy = match (p.orphan, p.abandon) {
+        (true, _) => "Orphan",
+        (false, true) => "Abandon",
+        (false, false) => "Delete",
+    };
     serde_json::from_value(serde_json::json!({
         "apiVersion": "storage.bucketmap.dev/v1alpha1",
         "kind": "Gcs",

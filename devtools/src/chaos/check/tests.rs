@@ -10,18 +10,23 @@ fn planned(name: &str, orphan: bool, non_empty: bool, force_destroy: bool) -> Pl
         logical: name.into(),
         project: "p".into(),
         orphan,
+        abandon: false,
         non_empty,
         force_destroy,
     }
 }
 
-/// plain, orphan, blocked (non-empty, no forceDestroy), forced.
+/// plain, orphan, blocked (non-empty, no forceDestroy), forced, abandoned.
 fn plan() -> Vec<Planned> {
     vec![
         planned("plain", false, false, false),
         planned("kept", true, false, false),
         planned("blocked", false, true, false),
         planned("forced", false, true, true),
+        Planned {
+            abandon: true,
+            ..planned("given", false, false, false)
+        },
     ]
 }
 
@@ -34,17 +39,43 @@ fn key(name: &str) -> String {
     format!("ns/{name}")
 }
 
-fn uids() -> BTreeMap<String, String> {
-    plan().iter().map(|p| (p.key(), uid(&p.name))).collect()
+fn uids() -> BTreeMap<String, Recorded> {
+    let recorded = |p: &Planned| Recorded {
+        uid: uid(&p.name),
+        physical: Some(format!("{}-x", p.logical)),
+    };
+    plan().iter().map(|p| (p.key(), recorded(p))).collect()
 }
 
+/// A bucket with the ownership labels of `owner` (`namespace/name`), as
+/// the operator writes them; none for another owner.
 fn bucket(owner: Option<String>, objects: usize) -> SeenBucket {
+    let labels = owner
+        .as_deref()
+        .and_then(|o| o.split_once('/'))
+        .map(|(namespace, name)| {
+            bucketmap::naming::Identity {
+                cluster: "c",
+                namespace,
+                name,
+            }
+            .labels()
+        })
+        .unwrap_or_default();
     SeenBucket {
         project: "p".into(),
         owner,
+        labels,
         objects,
         metageneration: 1,
-        ..SeenBucket::default()
+    }
+}
+
+/// The labels `given-x` is left with once its resource is deleted with
+/// Abandon: none of bucketmap's.
+fn abandon(w: &mut World) {
+    if let Some(b) = w.buckets.get_mut("given-x") {
+        *b = bucket(None, b.objects);
     }
 }
 
@@ -107,11 +138,13 @@ fn blocked_world() -> World {
         r.deleting = true;
     }
     w.buckets
-        .retain(|id, _| ["kept-x", "blocked-x", "foreign-1"].contains(&id.as_str()));
+        .retain(|id, _| ["kept-x", "blocked-x", "given-x", "foreign-1"].contains(&id.as_str()));
+    abandon(&mut w);
     w
 }
 
-/// The end: nothing left but the Orphan bucket and the foreign one.
+/// The end: nothing left but the Orphan and Abandon buckets and the
+/// foreign one.
 fn end_world() -> World {
     let mut w = blocked_world();
     w.resources.clear();
@@ -265,4 +298,56 @@ fn ready_twice_or_never_is_reported() {
     let (v, _) = at_end(&plan(), &uids(), &end, &foreign());
     expect_one(&v, "ns/plain: became Ready 2 times");
     expect_one(&v, "ns/kept: became Ready 0 times");
+}
+
+#[test]
+fn a_bucket_left_without_an_expected_owner_is_reported_at_the_end() {
+    let healthy = end_world();
+    assert_eq!(
+        unexpected_owners(&plan(), &uids(), &healthy, &foreign()),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        left(&plan(), &uids(), &healthy, &foreign()),
+        Left {
+            total: 3,
+            foreign: 1,
+            orphaned: 1,
+            abandoned: 1
+        }
+    );
+    let census = |w: &World| {
+        let (v, tally) = at_end(&plan(), &uids(), w, &foreign());
+        assert!(tally.leaks > 0, "{v:#?}");
+        v
+    };
+    // No labels, and not one the run put there or abandoned.
+    let mut end = end_world();
+    end.buckets.insert("stray".into(), bucket(None, 0));
+    expect_one(&census(&end), "bucket stray has no owner the run expects");
+    // The labels of an Orphan resource, but one of them missing.
+    let mut end = end_world();
+    if let Some(b) = end.buckets.get_mut("kept-x") {
+        b.labels.remove(bucketmap::naming::MANAGED_BY_LABEL);
+    }
+    expect_one(&census(&end), "bucket kept-x has no owner the run expects");
+    // Complete labels of a resource deleted with Delete.
+    let mut end = end_world();
+    end.buckets
+        .insert("plain-x".into(), bucket(Some(key("plain")), 0));
+    expect_one(
+        &census(&end),
+        "bucket plain-x has no owner the run expects: owned by ns/plain",
+    );
+    // Abandon that left bucketmap's labels, or deleted the bucket.
+    let mut end = end_world();
+    end.buckets
+        .insert("given-x".into(), bucket(Some(key("given")), 0));
+    let v = census(&end);
+    expect_one(&v, "bucket given-x has no owner the run expects");
+    expect_one(&v, "ns/given: Abandon kept bucketmap's labels");
+    let mut end = end_world();
+    end.buckets.remove("given-x");
+    let (v, _) = at_end(&plan(), &uids(), &end, &foreign());
+    expect_one(&v, "ns/given: its bucket \"given-x\" was deleted");
 }
