@@ -59,6 +59,8 @@ struct State {
     revision: u64,
     uids: u64,
     log: Vec<Logged>,
+    /// Every version stored, in order.
+    history: Vec<(Key, Value)>,
 }
 
 /// The fake API server; cheap to clone, clones share the objects.
@@ -310,6 +312,21 @@ impl FakeApi {
             .collect()
     }
 
+    /// Every version of object `name` of `K` in `ns` stored so far, oldest
+    /// first.
+    pub fn versions<K: Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Vec<K> {
+        let key = (K::url_path(&(), None), ns.to_owned(), name.to_owned());
+        let state = self.lock();
+        let versions = state.history.iter().filter(|(k, _)| *k == key);
+        versions
+            .map(|(_, v)| serde_json::from_value(v.clone()).expect("a stored object deserializes"))
+            .collect()
+    }
+
     /// Creates `obj` as a POST would (uid, timestamps, resourceVersion).
     pub fn create<K: Resource<DynamicType = ()> + Serialize + DeserializeOwned>(
         &self,
@@ -452,6 +469,7 @@ impl State {
             o.remove("status");
         }
         ssa::normalize(&mut obj);
+        self.history.push((key.clone(), obj.clone()));
         self.objects.insert(key, obj.clone());
         Ok(obj)
     }
@@ -488,6 +506,7 @@ impl State {
                     let mut created = self.create(t, proposed)?;
                     created["metadata"]["managedFields"] = managed;
                     ssa::normalize(&mut created);
+                    self.history.push((key.clone(), created.clone()));
                     self.objects.insert(key, created.clone());
                     Ok(created)
                 }
@@ -567,6 +586,7 @@ impl State {
         if !obj["metadata"]["deletionTimestamp"].is_null() && finalizers == 0 {
             self.objects.remove(key);
         } else {
+            self.history.push((key.clone(), obj.clone()));
             self.objects.insert(key.clone(), obj.clone());
         }
         Ok(obj)

@@ -1,13 +1,17 @@
 //! A bucket found again: after a lost create response, by a re-created
-//! resource; and settings GCS fixes at creation that differ.
+//! resource, under the labels of an earlier version; the name of a later
+//! candidate recorded before its create; settings GCS fixes at creation
+//! that differ.
 
 use bucketmap_testkit::mock_gcs::{Fault, proto};
 use serde_json::json;
 use tonic::Code;
 
-use super::harness::{Harness, PROJECT, condition, ready};
+use super::harness::{Harness, NS, PROJECT, condition, identity, ready};
 use crate::Error;
-use crate::conditions::reason;
+use crate::conditions::{READY, reason};
+use crate::crd::{Gcs, GcsStatus};
+use crate::naming::{OWNER_LABEL, legacy_owner_id};
 
 #[tokio::test]
 async fn reconcile_finds_its_bucket_again_after_a_lost_create_response() {
@@ -84,4 +88,67 @@ async fn reconcile_reports_settings_fixed_at_creation_that_differ_and_stays_read
         "never changed"
     );
     h.event("photos", "ImmutableSettingsDiffer").await;
+}
+
+#[tokio::test]
+async fn reconcile_records_a_later_candidate_as_creating_before_it_creates_it() {
+    let h = Harness::new().await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    let taken = proto::Bucket {
+        bucket_id: h.candidate("photos", "photos", 0),
+        ..Default::default()
+    };
+    h.gcs
+        .insert_bucket("other-project", taken)
+        .expect("inserted");
+    let next = h.candidate("photos", "photos", 1);
+    // The create of the next candidate fails: what was written before it
+    // is what a crash at that moment would leave.
+    let down = Fault {
+        bucket: Some(next.clone()),
+        ..Fault::new("CreateBucket", Code::Unavailable)
+    };
+    h.gcs.add_fault(down);
+    h.reconcile("photos").await.expect("the finalizer is added");
+    assert!(h.reconcile("photos").await.is_err());
+    let versions = h.api.versions::<Gcs>(NS, "photos");
+    let statuses: Vec<_> = versions.iter().filter_map(|g| g.status.clone()).collect();
+    let first = statuses.first().expect("a status was written");
+    assert_eq!(first.bucket_full_name.as_deref(), Some(next.as_str()));
+    assert_eq!(first.name_attempt, Some(1));
+    let ready_reason = |s: &GcsStatus| {
+        let ready = s.conditions.iter().find(|c| c.type_ == READY);
+        ready.map(|c| c.reason.clone()).unwrap_or_default()
+    };
+    assert_eq!(ready_reason(first), reason::CREATING);
+    let last = statuses.last().expect("a status was written");
+    assert_eq!(ready_reason(last), reason::GCS_ERROR, "the failure, after");
+}
+
+#[tokio::test]
+async fn reconcile_relabels_a_bucket_an_earlier_version_labelled_with_the_uid() {
+    let h = Harness::new().await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    let g = h.reconcile_until_ready("photos").await;
+    let physical = g
+        .status
+        .clone()
+        .and_then(|s| s.bucket_full_name)
+        .expect("a bucket");
+    let uid = g.metadata.uid.clone().expect("a uid");
+    let legacy = legacy_owner_id(&uid);
+    h.gcs
+        .modify_bucket(&physical, |b| {
+            b.labels.clear();
+            b.labels
+                .insert(crate::naming::OWNER_LABEL.to_owned(), legacy.clone());
+        })
+        .expect("the bucket exists");
+    h.reconcile("photos").await.expect("the reconcile succeeds");
+    let bucket = h.gcs.bucket(&physical).expect("the bucket is kept");
+    let owner = identity("photos").owner_key();
+    assert_eq!(bucket.labels.get(OWNER_LABEL), Some(&owner));
+    let g = h.get("photos").expect("the resource exists");
+    assert_eq!(ready(&g).map(|c| c.status), Some("True".to_owned()));
+    h.event("photos", "OwnershipMigrated").await;
 }
