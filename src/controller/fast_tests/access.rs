@@ -1,9 +1,10 @@
 //! `spec.access`: grants in the bucket's IAM policy, the `Access`
 //! condition, and their revocation when the resource goes.
 
-use bucketmap_testkit::mock_gcs::has_member;
+use bucketmap_testkit::mock_gcs::{Fault, has_member};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use serde_json::json;
+use tonic::Code;
 
 use super::harness::{Harness, NS, condition};
 use crate::conditions::{ACCESS, reason};
@@ -110,4 +111,21 @@ async fn reconcile_revokes_the_grants_of_an_orphaned_bucket() {
         !has_member(&policy, USER, &format!("serviceAccount:{GSA}")),
         "{policy:#?}"
     );
+}
+
+#[tokio::test]
+async fn reconcile_reports_a_refused_policy_write_in_the_access_condition() {
+    let h = Harness::new().await;
+    service_account(&h);
+    h.gcs
+        .add_fault(Fault::new("SetIamPolicy", Code::PermissionDenied));
+    h.create("photos", spec());
+    h.reconcile("photos").await.expect("the finalizer is added");
+    let outcome = h.reconcile("photos").await;
+    assert!(matches!(outcome, Err(crate::Error::Gcs(_))), "{outcome:?}");
+    let expected = ("False".to_owned(), reason::PERMISSION_DENIED.to_owned());
+    assert_eq!(access(&h), Some(expected));
+    let g = h.get("photos").expect("the resource exists");
+    let recorded = g.status.map(|s| s.access).unwrap_or_default();
+    assert_eq!(recorded.len(), 1, "the intent is recorded before the write");
 }
