@@ -12,6 +12,12 @@ pub const ACCESS: &str = "Access";
 /// when, and every setting the adoption changed.
 pub const ADOPTED: &str = "Adopted";
 
+/// Condition type present while a setting GCS fixes at creation
+/// (hierarchical namespace, placement) differs from the spec: a bucket
+/// adopted or found again with other settings, never re-created for them.
+/// Its reason is the type's name.
+pub const IMMUTABLE_SETTINGS_DIFFER: &str = "ImmutableSettingsDiffer";
+
 /// Reasons of the `Ready` and `Access` conditions.
 pub mod reason {
     /// The bucket exists, is ours and matches the spec.

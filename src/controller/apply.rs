@@ -19,7 +19,7 @@ use super::status::StatusWriter;
 use super::{Context, PROJECT_ANNOTATION, resync};
 use crate::Result;
 use crate::bucket_map::Verdict;
-use crate::conditions::{self, reason};
+use crate::conditions::{self, IMMUTABLE_SETTINGS_DIFFER, reason};
 use crate::crd::{BindingReference, Gcs, GcsStatus};
 use crate::gcs::{GcsError, GcsErrorKind};
 use crate::naming::{self, Identity, Ownership};
@@ -640,10 +640,6 @@ async fn correct_drift(
     );
     Ok(())
 }
-
-/// Condition type present while a setting GCS fixes at creation differs
-/// from the spec (a bucket adopted or found again with other settings).
-const IMMUTABLE_SETTINGS_DIFFER: &str = "ImmutableSettingsDiffer";
 
 /// The `ImmutableSettingsDiffer` condition, and a warning when it appears
 /// or changes: settings GCS cannot change on an existing bucket. The bucket
