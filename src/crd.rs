@@ -76,7 +76,7 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
     validation = Rule::new("!has(self.autoclass) || !self.autoclass.enabled || !has(self.storageClass) || self.storageClass == 'STANDARD'").message("autoclass needs storageClass STANDARD (the default): an autoclass bucket's default class is STANDARD"),
     validation = Rule::new("!has(self.customPlacementConfig) || (has(self.location) && self.location.upperAscii() in ['US', 'EU', 'ASIA'])").message("customPlacementConfig needs location to be the multi-region (US, EU or ASIA) that contains both dataLocations"),
     validation = Rule::new("!has(self.rpo) || self.rpo != 'ASYNC_TURBO' || has(self.customPlacementConfig) || (has(self.location) && self.location.upperAscii() in ['NAM4', 'EUR4', 'EUR5', 'EUR7', 'EUR8', 'ASIA1'])").message("rpo ASYNC_TURBO (turbo replication) needs a dual-region bucket: a customPlacementConfig or a predefined dual-region location (NAM4, EUR4, EUR5, EUR7, EUR8, ASIA1)"),
-    validation = Rule::new("!has(self.encryption) || has(self.customPlacementConfig) || !has(self.location) || !(self.location.contains('-') || self.location.upperAscii() in ['US', 'EU', 'ASIA']) || self.encryption.defaultKmsKeyName.matches('^projects/[^/]+/locations/' + (self.location.upperAscii() == 'US' ? 'us' : self.location.upperAscii() == 'EU' ? 'europe' : self.location.upperAscii() == 'ASIA' ? 'asia' : self.location.lowerAscii()) + '/')").message("encryption.defaultKmsKeyName must be a key in the bucket's location: its key ring in the bucket's region (a bucket in europe-west1 needs locations/europe-west1), or in us, europe or asia for the US, EU and ASIA multi-regions"),
+    validation = Rule::new("!has(self.encryption) || !has(self.encryption.defaultKmsKeyName) || has(self.customPlacementConfig) || !has(self.location) || !(self.location.contains('-') || self.location.upperAscii() in ['US', 'EU', 'ASIA']) || self.encryption.defaultKmsKeyName.matches('^projects/[^/]+/locations/' + (self.location.upperAscii() == 'US' ? 'us' : self.location.upperAscii() == 'EU' ? 'europe' : self.location.upperAscii() == 'ASIA' ? 'asia' : self.location.lowerAscii()) + '/')").message("encryption.defaultKmsKeyName must be a key in the bucket's location: its key ring in the bucket's region (a bucket in europe-west1 needs locations/europe-west1), or in us, europe or asia for the US, EU and ASIA multi-regions"),
     validation = Rule::new("!has(self.rpo) || has(self.customPlacementConfig) || (has(self.location) && !self.location.contains('-'))").message("rpo applies to dual- and multi-region buckets only; a bucket in a single region (a location such as europe-west1) has no cross-region replication"),
 )]
 pub struct GcsSpec {
@@ -152,38 +152,46 @@ pub struct GcsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soft_delete_policy: Option<SoftDeletePolicy>,
 
+    // The settings below are kept as declared only when the spec names
+    // them: an absent one leaves the bucket's value alone, so that an
+    // upgrade, an adoption or a restore never removes a key, a CORS rule or
+    // a log sink set outside bucketmap. An empty value removes it.
     /// Customer-managed encryption (CMEK): the Cloud KMS key that encrypts
-    /// new objects by default. Without it GCS encrypts with Google-managed keys.
+    /// new objects by default. `encryption: {}`: Google-managed keys.
+    /// Absent: the bucket's encryption is left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
 
     /// Cross-origin resource sharing rules: which origins may make browser
     /// requests to the bucket, with which methods and response headers.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// `cors: []`: none. Absent: the bucket's rules are left as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 20))]
-    pub cors: Vec<Cors>,
+    pub cors: Option<Vec<Cors>>,
 
     /// Static website behaviour: the index page appended to directory-like
-    /// paths and the page served for missing objects.
+    /// paths and the page served for missing objects. `website: {}`: none.
+    /// Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub website: Option<Website>,
 
-    /// Who pays for requests and data egress.
+    /// Who pays for requests and data egress. Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub billing: Option<Billing>,
 
-    /// Usage and storage logs of this bucket, written as objects to another bucket.
+    /// Usage and storage logs of this bucket, written as objects to another
+    /// bucket. `logging: {}`: no logs. Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logging: Option<Logging>,
 
     /// Place an event-based hold on every new object: it cannot be deleted
-    /// or replaced until the hold is released.
-    #[serde(default)]
-    pub default_event_based_hold: bool,
+    /// or replaced until the hold is released. Absent: left as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_event_based_hold: Option<bool>,
 
     /// Autoclass: GCS moves each object to the storage class that fits its
     /// access pattern. Needs storageClass STANDARD and no SetStorageClass
-    /// lifecycle action.
+    /// lifecycle action. Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoclass: Option<Autoclass>,
 
@@ -198,8 +206,8 @@ pub struct GcsSpec {
     pub custom_placement_config: Option<CustomPlacementConfig>,
 
     /// Recovery point objective of cross-region replication: DEFAULT, or
-    /// ASYNC_TURBO (turbo replication, dual-region buckets only). When unset,
-    /// GCS's default applies and turbo replication is turned off.
+    /// ASYNC_TURBO (turbo replication, dual-region buckets only). Absent:
+    /// GCS's default on a new bucket; an existing bucket's is left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpo: Option<Rpo>,
 
@@ -385,9 +393,11 @@ pub struct Encryption {
     /// `projects/PROJECT/locations/LOCATION/keyRings/RING/cryptoKeys/KEY`.
     /// It must be in the bucket's location, and the project's Cloud Storage
     /// service agent needs `roles/cloudkms.cryptoKeyEncrypterDecrypter` on it.
+    /// Absent: Google-managed keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     #[x_kube(validation = Rule::new("self.matches('^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$')").message("encryption.defaultKmsKeyName must be a Cloud KMS key name of the form projects/PROJECT/locations/LOCATION/keyRings/RING/cryptoKeys/KEY (a key, not a key version)"))]
-    pub default_kms_key_name: String,
+    pub default_kms_key_name: Option<String>,
 }
 
 /// One CORS rule.
@@ -418,7 +428,6 @@ pub struct Cors {
 /// Static website settings.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.mainPageSuffix) || has(self.notFoundPage)").message("website needs mainPageSuffix, notFoundPage or both"))]
 pub struct Website {
     /// Object name suffix served for a directory-like path (`index.html`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -442,11 +451,13 @@ pub struct Billing {
 /// Access and storage logging.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.logBucket) || !has(self.logObjectPrefix)").message("logging.logObjectPrefix needs logging.logBucket"))]
 pub struct Logging {
-    /// The physical name of the bucket that receives the logs.
+    /// The physical name of the bucket that receives the logs. Absent: no logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$')").message("logging.logBucket must be the name of a GCS bucket: 3 to 63 lowercase letters, digits, '-', '_' or '.', starting and ending with a letter or digit"))]
-    pub log_bucket: String,
+    pub log_bucket: Option<String>,
     /// Prefix of the log objects' names; GCS uses the bucket's name when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 900))]

@@ -56,6 +56,10 @@ pub struct Settings {
     pub hierarchical_namespace: bool,
     /// The regions of a configurable dual-region, upper case (fixed at creation).
     pub data_locations: Vec<String>,
+    /// On the desired side, the fields the spec does not name: their
+    /// values here are GCS's defaults for a new bucket, and an existing
+    /// bucket's are left alone (never drift). Empty on the observed side.
+    pub unmanaged: Vec<Field>,
 }
 
 /// One CORS rule, as GCS keeps it (a missing max age is 0).
@@ -185,12 +189,12 @@ impl Settings {
             kms_key: spec
                 .encryption
                 .as_ref()
-                .map(|e| e.default_kms_key_name.clone()),
-            cors: spec.cors.iter().map(cors_from_spec).collect(),
-            website: spec.website.clone(),
+                .and_then(|e| e.default_kms_key_name.clone()),
+            cors: spec.cors.iter().flatten().map(cors_from_spec).collect(),
+            website: spec.website.clone().filter(website_is_set),
             requester_pays: spec.billing.as_ref().is_some_and(|b| b.requester_pays),
-            logging: spec.logging.clone(),
-            default_event_based_hold: spec.default_event_based_hold,
+            logging: spec.logging.clone().filter(|l| l.log_bucket.is_some()),
+            default_event_based_hold: spec.default_event_based_hold.unwrap_or(false),
             autoclass: spec.autoclass.as_ref().filter(|a| a.enabled).map(|a| {
                 a.terminal_storage_class
                     .map_or(DEFAULT_TERMINAL_CLASS, |c| c.as_gcs())
@@ -206,6 +210,7 @@ impl Settings {
                     .iter()
                     .flat_map(|c| &c.data_locations),
             ),
+            unmanaged: unmanaged(spec),
         }
     }
 
@@ -264,6 +269,7 @@ impl Settings {
                     .iter()
                     .flat_map(|c| &c.data_locations),
             ),
+            unmanaged: Vec::new(),
         }
     }
 
@@ -286,6 +292,9 @@ impl Settings {
     }
 
     fn differs(&self, o: &Settings, field: Field) -> bool {
+        if self.unmanaged.contains(&field) {
+            return false;
+        }
         match field {
             Field::StorageClass => self.storage_class != o.storage_class,
             Field::Versioning => self.versioning != o.versioning,
@@ -311,11 +320,7 @@ impl Settings {
                 self.default_event_based_hold != o.default_event_based_hold
             }
             Field::Autoclass => self.autoclass != o.autoclass,
-            // Unset: GCS's default, which is no turbo replication.
-            Field::Rpo => match &self.rpo {
-                Some(rpo) => o.rpo.as_ref() != Some(rpo),
-                None => o.rpo.as_deref() == Some(TURBO),
-            },
+            Field::Rpo => self.rpo != o.rpo,
             Field::HierarchicalNamespace => self.hierarchical_namespace != o.hierarchical_namespace,
             Field::CustomPlacementConfig => self.data_locations != o.data_locations,
         }
@@ -372,9 +377,12 @@ impl Settings {
             Field::Website => ("website", self.website.as_ref().map(website_in_words)),
             Field::Logging => (
                 "logging",
-                self.logging.as_ref().map(|l| match &l.log_object_prefix {
-                    Some(prefix) => format!("gs://{}/{prefix}", l.log_bucket),
-                    None => format!("gs://{}", l.log_bucket),
+                self.logging.as_ref().map(|l| {
+                    let bucket = l.log_bucket.as_deref().unwrap_or_default();
+                    match &l.log_object_prefix {
+                        Some(prefix) => format!("gs://{bucket}/{prefix}"),
+                        None => format!("gs://{bucket}"),
+                    }
                 }),
             ),
             Field::Autoclass => (
@@ -444,10 +452,12 @@ impl Settings {
         if let Some(key) = &self.kms_key {
             b = b.set_encryption(bucket::Encryption::new().set_default_kms_key(key.clone()));
         }
-        if let Some(l) = &self.logging {
+        if let Some(l) = &self.logging
+            && let Some(log_bucket) = &l.log_bucket
+        {
             b = b.set_logging(
                 bucket::Logging::new()
-                    .set_log_bucket(bucket_resource(&l.log_bucket))
+                    .set_log_bucket(bucket_resource(log_bucket))
                     .set_log_object_prefix(l.log_object_prefix.clone().unwrap_or_default()),
             );
         }
@@ -492,8 +502,6 @@ impl Settings {
 const DEFAULT_TERMINAL_CLASS: &str = "NEARLINE";
 /// GCS's replication: no turbo replication.
 const DEFAULT_RPO: &str = "DEFAULT";
-/// Turbo replication.
-const TURBO: &str = "ASYNC_TURBO";
 
 fn upper_case<'a>(names: impl Iterator<Item = &'a String>) -> Vec<String> {
     names.map(|n| n.to_ascii_uppercase()).collect()
@@ -549,7 +557,39 @@ fn website_from_gcs(w: &bucket::Website) -> Option<Website> {
         main_page_suffix: set(&w.main_page_suffix),
         not_found_page: set(&w.not_found_page),
     };
-    (website.main_page_suffix.is_some() || website.not_found_page.is_some()).then_some(website)
+    website_is_set(&website).then_some(website)
+}
+
+fn website_is_set(w: &Website) -> bool {
+    w.main_page_suffix.is_some() || w.not_found_page.is_some()
+}
+
+/// The fields added in 0.2.0 that `spec` leaves out (see [`Settings::unmanaged`]).
+fn unmanaged(spec: &GcsSpec) -> Vec<Field> {
+    [
+        (spec.encryption.is_none(), Field::Encryption),
+        (spec.cors.is_none(), Field::Cors),
+        (spec.website.is_none(), Field::Website),
+        (spec.billing.is_none(), Field::Billing),
+        (spec.logging.is_none(), Field::Logging),
+        (
+            spec.default_event_based_hold.is_none(),
+            Field::DefaultEventBasedHold,
+        ),
+        (spec.autoclass.is_none(), Field::Autoclass),
+        (spec.rpo.is_none(), Field::Rpo),
+        (
+            spec.hierarchical_namespace.is_none(),
+            Field::HierarchicalNamespace,
+        ),
+        (
+            spec.custom_placement_config.is_none(),
+            Field::CustomPlacementConfig,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(absent, field)| absent.then_some(field))
+    .collect()
 }
 
 fn website_in_words(w: &Website) -> String {
@@ -574,7 +614,7 @@ fn logging_from_gcs(l: &bucket::Logging, bucket_id: &str) -> Option<Logging> {
     }
     let prefix = &l.log_object_prefix;
     Some(Logging {
-        log_bucket: log_bucket.to_owned(),
+        log_bucket: Some(log_bucket.to_owned()),
         log_object_prefix: Some(prefix.clone()).filter(|p| !p.is_empty() && p != bucket_id),
     })
 }
@@ -735,9 +775,11 @@ mod tests {
     #[test]
     fn every_new_setting_drifts_on_its_own_field() {
         let desired = Settings::desired(
-            &spec(
-                serde_json::json!({"bucketName": "photos", "website": {"notFoundPage": "404.html"}}),
-            ),
+            &spec(serde_json::json!({"bucketName": "photos", "location": "US",
+                    "encryption": {}, "cors": [], "website": {"notFoundPage": "404.html"},
+                    "billing": {"requesterPays": false}, "logging": {},
+                    "defaultEventBasedHold": false, "autoclass": {"enabled": false},
+                    "rpo": "DEFAULT"})),
             &BTreeMap::new(),
         );
         type Change = fn(&mut Settings);
@@ -750,7 +792,7 @@ mod tests {
             (Field::Billing, |o| o.requester_pays = true),
             (Field::Logging, |o| {
                 o.logging = Some(Logging {
-                    log_bucket: "logs".into(),
+                    log_bucket: Some("logs".into()),
                     log_object_prefix: None,
                 });
             }),
@@ -769,22 +811,33 @@ mod tests {
     }
 
     #[test]
-    fn an_unset_rpo_accepts_gcs_default_and_turns_turbo_off() {
+    fn settings_the_spec_leaves_out_are_left_as_the_bucket_has_them() {
         let desired = Settings::desired(
-            &spec(serde_json::json!({"bucketName": "photos"})),
+            &spec(serde_json::json!({"bucketName": "photos", "location": "US"})),
             &BTreeMap::new(),
         );
         let mut observed = desired.clone();
-        for (rpo, drifts) in [
-            (None, false),
-            (Some("DEFAULT"), false),
-            (Some("ASYNC_TURBO"), true),
-        ] {
-            observed.rpo = rpo.map(str::to_owned);
-            assert_eq!(desired.drift(&observed) == [Field::Rpo], drifts, "{rpo:?}");
-        }
-        assert_eq!(desired.to_bucket().rpo, "", "a create leaves GCS's default");
-        assert_eq!(desired.to_patch().rpo, "DEFAULT", "an update names it");
+        observed.unmanaged.clear();
+        observed.kms_key = Some("projects/p/locations/us/keyRings/r/cryptoKeys/k".into());
+        observed.cors.push(CorsRule::default());
+        observed.website = website_from_gcs(&bucket::Website::new().set_main_page_suffix("i"));
+        observed.requester_pays = true;
+        observed.logging = Some(Logging {
+            log_bucket: Some("logs".into()),
+            log_object_prefix: None,
+        });
+        observed.default_event_based_hold = true;
+        observed.autoclass = Some("ARCHIVE".into());
+        observed.rpo = Some("ASYNC_TURBO".into());
+        observed.hierarchical_namespace = true;
+        observed.data_locations = vec!["US-EAST1".into(), "US-WEST1".into()];
+        assert_eq!(desired.drift(&observed), Vec::<Field>::new());
+        assert_eq!(desired.immutable_drift(&observed), Vec::<Field>::new());
+        // A new bucket gets GCS's defaults for them.
+        let created = desired.to_bucket();
+        assert_eq!(created.rpo, "");
+        assert!(created.encryption.is_none() && created.cors.is_empty());
+        assert!(created.logging.is_none() && created.website.is_none());
     }
 
     #[test]
@@ -795,7 +848,7 @@ mod tests {
                 .set_log_object_prefix("photos-k3x9q2mw"),
         );
         let expected = Logging {
-            log_bucket: "logs-k3x9q2mw".into(),
+            log_bucket: Some("logs-k3x9q2mw".into()),
             log_object_prefix: None,
         };
         assert_eq!(Settings::observed(&gcs).logging, Some(expected));

@@ -13,6 +13,8 @@ mod common;
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use bucketmap_testkit::mock_gcs::proto;
 use common::{Fixture, PROJECT, physical};
 
@@ -124,8 +126,8 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
             "CORS methods are HTTP methods in upper case",
         ),
         (
-            "{bucketName: photos, website: {}}",
-            "website needs mainPageSuffix, notFoundPage or both",
+            "{bucketName: photos, logging: {logObjectPrefix: logs/}}",
+            "logging.logObjectPrefix needs logging.logBucket",
         ),
         (
             "{bucketName: photos, logging: {logBucket: 'Logs!'}}",
@@ -362,13 +364,38 @@ async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() 
     assert_every_setting(&b);
     f.wait_event("photos", "Updated").await?;
 
-    // Spec changes: settings removed are cleared, changed ones applied.
+    // Settings the spec no longer names are left as the bucket has them.
     f.merge_spec(
         "photos",
         serde_json::json!({
             "encryption": null, "cors": null, "website": null, "logging": null,
+            "billing": null, "defaultEventBasedHold": null, "autoclass": null, "rpo": null
+        }),
+    )
+    .await?;
+    f.wait_for(
+        "photos",
+        Duration::from_secs(30),
+        "the spec change seen",
+        |g| g.status.as_ref().and_then(|s| s.observed_generation) == g.metadata.generation,
+    )
+    .await?;
+    f.gcs.reset_calls();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while f.gcs.call_count("GetBucket") < 2 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no resync");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(f.gcs.call_count("UpdateBucket"), 0, "{:?}", f.gcs.calls());
+    assert_every_setting(&f.gcs.bucket(&id).context("the bucket")?);
+
+    // Declared empty, they are cleared.
+    f.merge_spec(
+        "photos",
+        serde_json::json!({
+            "encryption": {}, "cors": [], "website": {}, "logging": {},
             "billing": {"requesterPays": false}, "defaultEventBasedHold": false,
-            "autoclass": {"enabled": false, "terminalStorageClass": null}, "rpo": null
+            "autoclass": {"enabled": false}, "rpo": "DEFAULT"
         }),
     )
     .await?;
