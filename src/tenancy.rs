@@ -34,7 +34,7 @@ pub struct Policy {
 }
 
 /// One grant to the namespaces it selects.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Rule {
     /// Named in refusals; default: `rules[<index>]`.
@@ -66,6 +66,24 @@ pub struct Rule {
 
 fn yes() -> bool {
     true
+}
+
+/// What a rule with no fields means (as read from a file): selects every
+/// namespace, the default project only, any class and location,
+/// `forceDestroy` allowed, no limit.
+impl Default for Rule {
+    fn default() -> Self {
+        Rule {
+            name: None,
+            namespaces: Vec::new(),
+            namespace_selector: None,
+            projects: Vec::new(),
+            storage_classes: Vec::new(),
+            locations: Vec::new(),
+            allow_force_destroy: true,
+            max_buckets_per_namespace: None,
+        }
+    }
 }
 
 /// What a resource asks for, in the terms the policy speaks.

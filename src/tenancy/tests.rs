@@ -206,3 +206,9 @@ fn a_policy_with_unknown_fields_or_a_bad_selector_is_refused() {
     assert_eq!(Policy::from_file(&file).expect("reads"), policy(TEAMS));
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+#[test]
+fn an_empty_rule_in_code_means_what_it_means_in_a_file() {
+    let read: Policy = serde_yaml::from_str("rules: [{}]").expect("policy");
+    assert_eq!(read.rules, [Rule::default()]);
+}
