@@ -42,38 +42,15 @@ pub async fn run(
     let (resources, gcs_stream) = watch_resources(&client, &config);
     let (configmaps, secrets, cache_tasks) = watch_published(&client, &config);
     let (service_accounts, sa_stream) = watch_service_accounts(&client, &config);
-    let (wake, woken) = mpsc::unbounded_channel();
-    let settings = MapSettings {
-        map_name: config.map_name.clone(),
-        max_bytes: config.map_max_bytes,
-        debounce: config.map_debounce,
-        writers: config.map_writers,
-    };
-    let maps = BucketMaps::new(
-        client.clone(),
-        metrics.clone(),
-        settings,
-        resources.clone(),
-        configmaps,
-        wake,
-    );
     let concurrency = config.concurrency;
-    let ctx = Arc::new(Context {
-        events: crate::events::Events::new(client.clone(), reporter(), metrics.clone()),
-        pacer: Pacer::new(config.bucket_ops_interval),
+    let stores = Stores {
+        resources: resources.clone(),
         namespaces: namespaces.clone(),
-        namespace_reads: super::namespaces::NamespaceReads::new(client.clone()),
-        service_accounts: service_accounts.clone(),
-        namespaces_synced: Arc::default(),
-        failures: FailureCounts::default(),
-        slots: Slots::new(concurrency),
-        client,
-        gcs,
-        metrics,
-        config,
-        maps,
+        configmaps,
         secrets,
-    });
+        service_accounts: service_accounts.clone(),
+    };
+    let (ctx, woken) = Context::build(client, gcs, metrics, config, stores, Arc::default());
     let controller = controller(gcs_stream, resources.clone(), concurrency, woken, ns_stream);
     let controller = with_service_accounts(controller, sa_stream);
     let synced = ctx.namespaces_synced.clone();
@@ -315,9 +292,8 @@ fn watch_published(
     (configmaps, secrets, tasks)
 }
 
-/// The caches a [`Context`] reads, filled by the caller: the unit tests'
-/// stand-in for the watches of [`run`].
-#[cfg(test)]
+/// The caches a [`Context`] reads: filled by the watches of [`run`], or by
+/// the unit tests.
 pub(super) struct Stores {
     pub resources: Store<Gcs>,
     pub namespaces: Store<NamespaceMeta>,
@@ -326,17 +302,17 @@ pub(super) struct Stores {
     pub service_accounts: Store<ServiceAccountMeta>,
 }
 
-#[cfg(test)]
 impl Context {
-    /// A context as [`run`] builds it, over `stores` instead of watches,
-    /// its namespace caches counted as synced; with the receiver of the
-    /// resources the bucket maps wake.
-    pub(super) fn without_watches(
+    /// A context over `stores`, `synced` saying whether its namespace
+    /// caches hold everything; with the receiver of the resources the
+    /// bucket maps wake.
+    fn build(
         client: kube::Client,
         gcs: GcsClient,
         metrics: Arc<Metrics>,
         config: OperatorConfig,
         stores: Stores,
+        synced: Arc<AtomicBool>,
     ) -> (Arc<Context>, mpsc::UnboundedReceiver<ObjectRef<Gcs>>) {
         let (wake, woken) = mpsc::unbounded_channel();
         let settings = MapSettings {
@@ -360,7 +336,7 @@ impl Context {
             namespaces: stores.namespaces,
             namespace_reads: super::namespaces::NamespaceReads::new(client.clone()),
             service_accounts: stores.service_accounts,
-            namespaces_synced: Arc::new(AtomicBool::new(true)),
+            namespaces_synced: synced,
             failures: FailureCounts::default(),
             slots: Slots::new(config.concurrency),
             client,
@@ -371,5 +347,19 @@ impl Context {
             secrets: stores.secrets,
         };
         (Arc::new(ctx), woken)
+    }
+
+    /// A context as [`run`] builds it, over `stores` instead of watches,
+    /// its namespace caches counted as synced.
+    #[cfg(test)]
+    pub(super) fn without_watches(
+        client: kube::Client,
+        gcs: GcsClient,
+        metrics: Arc<Metrics>,
+        config: OperatorConfig,
+        stores: Stores,
+    ) -> (Arc<Context>, mpsc::UnboundedReceiver<ObjectRef<Gcs>>) {
+        let synced = Arc::new(AtomicBool::new(true));
+        Self::build(client, gcs, metrics, config, stores, synced)
     }
 }

@@ -20,7 +20,7 @@ const STAGING: &str = "acme-staging";
 const PROD: &str = "acme-prod";
 
 /// A client like the operator's, without retries so every call is visible.
-async fn client(mock: &MockGcs) -> anyhow::Result<StorageControl> {
+pub(super) async fn client(mock: &MockGcs) -> anyhow::Result<StorageControl> {
     StorageControl::builder()
         .with_endpoint(mock.endpoint())
         .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())

@@ -8,23 +8,13 @@
 
 use anyhow::Context as _;
 use google_cloud_gax::error::rpc::Code;
-use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::StorageControl;
 use google_cloud_storage::model::{Bucket, bucket};
 
 use super::MockGcs;
+use super::tests::client;
 
 const PROJECT: &str = "acme-staging";
-
-async fn client(mock: &MockGcs) -> anyhow::Result<StorageControl> {
-    StorageControl::builder()
-        .with_endpoint(mock.endpoint())
-        .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
-        .with_retry_policy(NeverRetry)
-        .build()
-        .await
-        .context("cannot build the StorageControl client")
-}
 
 async fn create(
     client: &StorageControl,
