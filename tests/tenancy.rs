@@ -10,8 +10,7 @@ use std::time::Duration;
 use bucketmap::tenancy::Policy;
 use bucketmap_testkit::free_port;
 use common::{Fixture, PROJECT, physical};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 
 type TestResult = anyhow::Result<()>;
 
@@ -112,23 +111,6 @@ async fn without_a_rule_a_namespace_may_use_only_the_default_project() -> TestRe
     Ok(())
 }
 
-/// The shipped policy webhook, calling the operator on `port`, for the
-/// fixture's namespace only.
-async fn register_policy_webhook(f: &Fixture, port: u16, ca: &str) -> TestResult {
-    let url = format!("https://127.0.0.1:{port}/validate-gcs");
-    let mut hook = bucketmap_testkit::shipped_webhook("policy.gcs.bucketmap.dev", &url, Some(ca))?;
-    hook["namespaceSelector"] =
-        serde_json::json!({"matchLabels": {"kubernetes.io/metadata.name": f.ns}});
-    let config: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("bucketmap-policy-{}", f.ns)},
-        "webhooks": [hook],
-    }))?;
-    Api::<MutatingWebhookConfiguration>::all(f.client.clone())
-        .create(&PostParams::default(), &config)
-        .await?;
-    Ok(())
-}
-
 /// Creates `name` with `spec`; the API server's refusal, if any.
 async fn create_refused(
     f: &Fixture,
@@ -170,19 +152,9 @@ fn operator_with_policy(
 ) -> anyhow::Result<tokio::process::Child> {
     let file = dir.join("policy.yaml");
     std::fs::write(&file, serde_yaml::to_string(policy)?)?;
-    Ok(f.operator_command()
-        .args(["--namespace", &f.ns])
-        .args(["--webhook-addr", &format!("127.0.0.1:{port}")])
-        .arg("--webhook-cert-dir")
-        .arg(dir)
+    Ok(common::webhooks::operator_with_webhooks(f, port, dir)
         .arg("--tenancy-policy")
         .arg(&file)
-        .args([
-            "--default-project",
-            PROJECT,
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
         .spawn()?)
 }
 
@@ -191,7 +163,8 @@ async fn the_webhook_refuses_at_admission_what_the_policy_does_not_allow() -> Te
     let f = Fixture::new().await?;
     let (ca, dir) = common::certs::cert_files()?;
     let port = free_port()?;
-    register_policy_webhook(&f, port, &ca).await?;
+    common::webhooks::register_shipped(&f, "policy.gcs.bucketmap.dev", port, "/validate-gcs", &ca)
+        .await?;
     let _operator = operator_with_policy(&f, port, dir.path(), &team_policy(&f.ns, 2)?)?;
     let refused = wait_refusing(&f).await?;
     assert!(

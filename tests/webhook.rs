@@ -107,18 +107,7 @@ fn operator_with_webhooks(
     port: u16,
     dir: &std::path::Path,
 ) -> anyhow::Result<tokio::process::Child> {
-    Ok(f.operator_command()
-        .args([
-            "--namespace",
-            &f.ns,
-            "--webhook-addr",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .arg("--webhook-cert-dir")
-        .arg(dir)
-        .args(["--default-project", common::PROJECT])
-        .args(["--metrics-addr", "127.0.0.1:0"])
-        .spawn()?)
+    Ok(common::webhooks::operator_with_webhooks(f, port, dir).spawn()?)
 }
 
 /// The operator serving the webhook with a certificate from files (as a
@@ -422,17 +411,9 @@ fn the_documented_snippet_is_what_the_webhook_injects() -> TestResult {
 /// deploy/webhook.yaml, its failure policy included), calling
 /// `https://127.0.0.1:port/mutate-gcs` for the fixture's namespace only.
 async fn prepare_finalizer_webhook(f: &Fixture, port: u16, ca: &str) -> TestResult {
-    let url = format!("https://127.0.0.1:{port}/mutate-gcs");
-    let mut hook = bucketmap_testkit::shipped_finalizer_webhook(&url, Some(ca))?;
+    let name = "finalizer.gcs.bucketmap.dev";
+    let hook = common::webhooks::register_shipped(f, name, port, "/mutate-gcs", ca).await?;
     assert_eq!(hook["failurePolicy"], "Ignore", "{hook}");
-    hook["namespaceSelector"] =
-        serde_json::json!({"matchLabels": {"kubernetes.io/metadata.name": f.ns}});
-    let config: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("bucketmap-gcs-{}", f.ns)},
-        "webhooks": [hook],
-    }))?;
-    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(f.client.clone());
-    webhooks.create(&PostParams::default(), &config).await?;
     Ok(())
 }
 

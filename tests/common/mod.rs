@@ -6,6 +6,7 @@
 pub mod api_proxy;
 pub mod certs;
 pub mod kubectl;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
