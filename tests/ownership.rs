@@ -122,6 +122,7 @@ async fn a_gcs_recreated_without_its_status_finds_its_bucket_and_data() -> TestR
     assert_eq!(f.gcs.objects(&bucket).len(), 1, "the data is there");
     assert_eq!(f.bucket_map().await?.get("photos"), Some(&bucket));
     f.wait_event("photos", "FoundExisting").await?;
+    f.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 
@@ -181,6 +182,7 @@ async fn a_new_cluster_of_the_same_identity_finds_the_bucket_with_or_without_sta
     let map = new.bucket_map().await?;
     assert_eq!(map.get("photos"), Some(&photos_bucket));
     assert_eq!(map.get("videos"), Some(&videos_bucket));
+    new.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 
@@ -242,6 +244,7 @@ async fn clusters_of_different_identities_never_touch_each_others_buckets() -> T
         .expect("the colliding bucket stays");
     assert_eq!(other.metageneration, blues_other.metageneration);
     assert_eq!(labels_of(&other), labels_of(&blues_other));
+    green.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 
@@ -297,6 +300,7 @@ async fn a_bucket_labelled_with_a_uid_and_named_in_status_is_migrated() -> TestR
     }
     f.wait_event("photos", "OwnershipMigrated").await?;
     assert_eq!(f.gcs.objects(legacy).len(), 1);
+    f.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 
@@ -364,6 +368,7 @@ async fn an_unowned_bucket_is_adopted_and_every_changed_setting_reported() -> Te
     assert_eq!(labels_of(&kept), expected);
     assert_eq!(f.gcs.objects(existing).len(), 1);
     assert_eq!(f.gcs.call_count("DeleteBucket"), 0);
+    f.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 
@@ -423,6 +428,8 @@ async fn adopting_another_owners_bucket_or_another_projects_is_refused() -> Test
     assert!(labels_of(&f.gcs.bucket(elsewhere).expect("kept")).is_empty());
     assert_eq!(f.gcs.call_count("UpdateBucket"), 0);
     assert_eq!(f.gcs.call_count("DeleteBucket"), 0);
+    // Theirs keeps its owner; the other project's stays nobody's.
+    f.assert_every_bucket_owned(&[elsewhere])?;
     Ok(())
 }
 
@@ -463,6 +470,7 @@ async fn abandon_keeps_the_bucket_without_our_labels_for_another_to_adopt() -> T
     assert_eq!(physical(&g), bucket);
     let relabelled = labels_of(&f.gcs.bucket(&bucket).expect("bucket"));
     assert_eq!(relabelled[NAME_LABEL], "album");
+    f.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 

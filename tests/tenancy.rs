@@ -87,6 +87,7 @@ async fn the_controller_creates_no_bucket_the_policy_does_not_allow() -> TestRes
         f.gcs.bucket_project(&physical(&e)).as_deref(),
         Some("team-project")
     );
+    f.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 
@@ -108,6 +109,7 @@ async fn without_a_rule_a_namespace_may_use_only_the_default_project() -> TestRe
         "{message}"
     );
     assert_eq!(buckets_named(&f, "elsewhere"), 0);
+    f.assert_every_bucket_owned(&[])?;
     Ok(())
 }
 

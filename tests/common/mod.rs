@@ -374,3 +374,53 @@ impl Fixture {
             .unwrap_or_default())
     }
 }
+
+impl Fixture {
+    /// Fails unless every bucket in the mock has an owner: bucketmap's
+    /// complete, consistent ownership labels (the owner key matching the
+    /// cluster, namespace and name they name), or its name in `unowned`,
+    /// the buckets the scenario expects without one (its own foreign
+    /// buckets, an abandoned one). Each of those must exist, too.
+    pub fn assert_every_bucket_owned(&self, unowned: &[&str]) -> anyhow::Result<()> {
+        use bucketmap::naming::{
+            CLUSTER_LABEL, Identity, MANAGED_BY_LABEL, MANAGED_BY_VALUE, NAME_LABEL,
+            NAMESPACE_LABEL, OWNER_LABEL,
+        };
+        let buckets = self.gcs.buckets();
+        let mut problems = Vec::new();
+        for b in &buckets {
+            let label = |k: &str| b.labels.get(k).map(String::as_str);
+            let owned = match (
+                label(CLUSTER_LABEL),
+                label(NAMESPACE_LABEL),
+                label(NAME_LABEL),
+            ) {
+                (Some(cluster), Some(namespace), Some(name)) => {
+                    let key = Identity {
+                        cluster,
+                        namespace,
+                        name,
+                    }
+                    .owner_key();
+                    label(OWNER_LABEL) == Some(key.as_str())
+                        && label(MANAGED_BY_LABEL) == Some(MANAGED_BY_VALUE)
+                }
+                _ => false,
+            };
+            if !owned && !unowned.contains(&b.bucket_id.as_str()) {
+                problems.push(format!("{} (labels {:?})", b.bucket_id, b.labels));
+            }
+        }
+        for id in unowned {
+            if !buckets.iter().any(|b| b.bucket_id == *id) {
+                problems.push(format!("{id}, expected without an owner, is gone"));
+            }
+        }
+        anyhow::ensure!(
+            problems.is_empty(),
+            "buckets without an owner the test expects: {}",
+            problems.join("; ")
+        );
+        Ok(())
+    }
+}
