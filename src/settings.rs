@@ -49,8 +49,8 @@ pub struct Settings {
     pub default_event_based_hold: bool,
     /// Autoclass: `None` off, else on with this terminal storage class.
     pub autoclass: Option<String>,
-    /// `DEFAULT` or `ASYNC_TURBO`; `None` on the desired side: GCS's default
-    /// (turbo replication off), on the observed side: a single region.
+    /// `DEFAULT` or `ASYNC_TURBO`; `None` on the desired side: not named by
+    /// the spec (unmanaged), on the observed side: a single region.
     pub rpo: Option<String>,
     /// Hierarchical namespace (fixed at creation).
     pub hierarchical_namespace: bool,
@@ -435,16 +435,6 @@ impl Settings {
         self.with_placement(self.with_features(b))
     }
 
-    /// [`Settings::to_bucket`] as an update patch: an unset rpo is GCS's
-    /// default, which an update must name.
-    pub fn to_patch(&self) -> Bucket {
-        let b = self.to_bucket();
-        if self.rpo.is_none() {
-            return b.set_rpo(DEFAULT_RPO);
-        }
-        b
-    }
-
     /// Encryption, CORS, website, billing, logging, holds and autoclass.
     /// What is unset is left out: in an update, a field of the mask that
     /// the patch lacks is cleared.
@@ -500,8 +490,6 @@ impl Settings {
 
 /// The terminal storage class GCS gives autoclass when none is named.
 const DEFAULT_TERMINAL_CLASS: &str = "NEARLINE";
-/// GCS's replication: no turbo replication.
-const DEFAULT_RPO: &str = "DEFAULT";
 
 fn upper_case<'a>(names: impl Iterator<Item = &'a String>) -> Vec<String> {
     names.map(|n| n.to_ascii_uppercase()).collect()

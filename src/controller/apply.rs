@@ -625,7 +625,7 @@ async fn correct_drift(
     ctx.gcs
         .update_bucket(
             physical,
-            request.desired.to_patch(),
+            request.desired.to_bucket(),
             &mask,
             bucket.metageneration,
         )
