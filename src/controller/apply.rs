@@ -126,9 +126,7 @@ async fn resolve_project(
         ctx.config.default_project.as_deref(),
     )
     .and_then(|project| still_in_recorded_project(&status.status, project));
-    let default = annotated
-        .filter(|p| !p.is_empty())
-        .or_else(|| ctx.config.default_project.clone());
+    let default = default_project(annotated.as_deref(), ctx.config.default_project.as_deref());
     match resolved {
         Ok(project) => Ok(ControlFlow::Continue((project, default))),
         Err(refusal) => {
@@ -215,15 +213,23 @@ async fn namespace_project(
 
 /// Why a resource cannot go on: the reason and message of `Ready`.
 #[derive(Debug, PartialEq, Eq)]
-struct Refusal {
-    reason: &'static str,
-    message: String,
+pub(crate) struct Refusal {
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+}
+
+/// A namespace's default project: its annotation's, else the operator's.
+pub(crate) fn default_project(annotated: Option<&str>, default: Option<&str>) -> Option<String> {
+    annotated
+        .filter(|p| !p.is_empty())
+        .or(default)
+        .map(str::to_owned)
 }
 
 /// Where the bucket of a resource in namespace `ns` must live: the spec's
 /// project, which must match the namespace's annotation when it has one;
 /// else the annotation; else the operator's default.
-fn project_for(
+pub(crate) fn project_for(
     ns: &str,
     spec: Option<&str>,
     annotated: Option<&str>,

@@ -23,6 +23,8 @@ mod scope;
 mod status;
 mod watches;
 
+pub(crate) use apply::{Refusal, default_project, project_for};
+
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};

@@ -24,7 +24,8 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::{Client, ResourceExt};
 use tracing::info;
 
-use crate::controller::PROJECT_ANNOTATION;
+use crate::conditions::reason;
+use crate::controller::{PROJECT_ANNOTATION, Refusal, default_project, project_for};
 use crate::crd::Gcs;
 use crate::tenancy::{Policy, Request};
 
@@ -104,25 +105,16 @@ async fn judge(gcs: &Gcs, ns: &str, create: bool, check: &PolicyCheck) -> Result
         .get_metadata(ns)
         .await
         .map_err(|e| format!("cannot read namespace {ns} to check the tenancy policy: {e}"))?;
-    let annotated = namespace
-        .annotations()
-        .get(PROJECT_ANNOTATION)
-        .filter(|p| !p.is_empty())
-        .cloned();
-    let default_project = annotated.clone().or_else(|| check.default_project.clone());
-    let project = match (&gcs.spec.project_id, &annotated) {
-        (Some(spec), Some(pinned)) if spec != pinned => {
-            return Err(format!(
-                "spec.projectID {spec} is not allowed in namespace {ns}: its annotation {PROJECT_ANNOTATION} pins buckets to project {pinned}"
-            ));
-        }
-        (Some(spec), _) => spec.clone(),
+    let annotated = namespace.annotations().get(PROJECT_ANNOTATION);
+    let default = check.default_project.as_deref();
+    let spec = gcs.spec.project_id.as_deref();
+    let project = match project_for(ns, spec, annotated.map(String::as_str), default) {
+        Ok(project) => project,
         // No project: the controller reports it; nothing to judge here.
-        (None, _) => match &default_project {
-            Some(p) => p.clone(),
-            None => return Ok(()),
-        },
+        Err(Refusal { reason, .. }) if reason == reason::PROJECT_MISSING => return Ok(()),
+        Err(refusal) => return Err(refusal.message),
     };
+    let default_project = default_project(annotated.map(String::as_str), default);
     let buckets = if create && check.policy.limits_count() {
         let list = Api::<Gcs>::namespaced(check.client.clone(), ns)
             .list_metadata(&ListParams::default())
