@@ -580,19 +580,34 @@ impl LifecycleActionType {
     }
 }
 
-/// When a lifecycle rule applies; all given conditions must hold.
+/// When a lifecycle rule applies. Every field given must hold (they combine
+/// with AND); within `matchesPrefix`, `matchesSuffix` and
+/// `matchesStorageClass` one entry is enough (OR): `matchesPrefix: [logs/]`
+/// with `matchesSuffix: [.gz, .zip]` selects `logs/a.gz` and `logs/b.zip`,
+/// not `logs/c.txt` nor `tmp/d.gz`.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.ageDays) || has(self.createdBefore) || has(self.isLive) || has(self.numNewerVersions) || has(self.daysSinceNoncurrentTime) || has(self.matchesStorageClass) || has(self.matchesPrefix) || has(self.matchesSuffix)").message("a lifecycle condition needs at least one field"))]
+#[x_kube(validation = Rule::new("has(self.ageDays) || has(self.createdBefore) || has(self.customTimeBefore) || has(self.daysSinceCustomTime) || has(self.isLive) || has(self.numNewerVersions) || has(self.daysSinceNoncurrentTime) || has(self.noncurrentTimeBefore) || has(self.matchesStorageClass) || has(self.matchesPrefix) || has(self.matchesSuffix)").message("a lifecycle condition needs at least one field"))]
 pub struct LifecycleCondition {
     /// Age of the object in days.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub age_days: Option<i32>,
-    /// Objects created before this date (YYYY-MM-DD).
+    /// Objects created before this date (YYYY-MM-DD, midnight UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^\d{4}-\d{2}-\d{2}$"))]
+    #[schemars(regex(pattern = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"))]
     pub created_before: Option<String>,
+    /// Objects whose custom time (the `customTime` an application sets on
+    /// an object) is before this date (YYYY-MM-DD, midnight UTC). Objects
+    /// without a custom time never match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"))]
+    pub custom_time_before: Option<String>,
+    /// Days since the object's custom time. Objects without a custom time
+    /// never match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub days_since_custom_time: Option<i32>,
     /// true: live objects only; false: noncurrent versions only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_live: Option<bool>,
@@ -600,18 +615,25 @@ pub struct LifecycleCondition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub num_newer_versions: Option<i32>,
-    /// Days since the object became noncurrent.
+    /// Days since the object became noncurrent (versioned buckets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub days_since_noncurrent_time: Option<i32>,
+    /// Versions that became noncurrent before this date (YYYY-MM-DD,
+    /// midnight UTC; versioned buckets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"))]
+    pub noncurrent_time_before: Option<String>,
     /// Objects in one of these storage classes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matches_storage_class: Vec<StorageClass>,
     /// Objects whose name starts with one of these prefixes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), extend("items" = {"type": "string", "minLength": 1, "maxLength": 1024}))]
     pub matches_prefix: Vec<String>,
     /// Objects whose name ends with one of these suffixes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), extend("items" = {"type": "string", "minLength": 1, "maxLength": 1024}))]
     pub matches_suffix: Vec<String>,
 }
 

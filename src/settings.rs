@@ -668,9 +668,20 @@ fn rule_to_gcs(r: &LifecycleRule) -> lifecycle::Rule {
         .set_or_clear_days_since_noncurrent_time(c.days_since_noncurrent_time)
         .set_matches_storage_class(c.matches_storage_class.iter().map(|s| s.as_gcs()))
         .set_matches_prefix(c.matches_prefix.clone())
-        .set_matches_suffix(c.matches_suffix.clone());
+        .set_matches_suffix(c.matches_suffix.clone())
+        .set_or_clear_days_since_custom_time(c.days_since_custom_time);
     if let Some(date) = c.created_before.as_deref().and_then(date_from_string) {
         condition = condition.set_created_before(date);
+    }
+    if let Some(date) = c.custom_time_before.as_deref().and_then(date_from_string) {
+        condition = condition.set_custom_time_before(date);
+    }
+    if let Some(date) = c
+        .noncurrent_time_before
+        .as_deref()
+        .and_then(date_from_string)
+    {
+        condition = condition.set_noncurrent_time_before(date);
     }
     lifecycle::Rule::new()
         .set_action(action)
@@ -694,9 +705,12 @@ fn rule_from_gcs(r: &lifecycle::Rule) -> Option<LifecycleRule> {
         condition: LifecycleCondition {
             age_days: c.age_days,
             created_before: c.created_before.as_ref().map(date_to_string),
+            custom_time_before: c.custom_time_before.as_ref().map(date_to_string),
+            days_since_custom_time: c.days_since_custom_time,
             is_live: c.is_live,
             num_newer_versions: c.num_newer_versions,
             days_since_noncurrent_time: c.days_since_noncurrent_time,
+            noncurrent_time_before: c.noncurrent_time_before.as_ref().map(date_to_string),
             matches_storage_class: c
                 .matches_storage_class
                 .iter()
@@ -758,6 +772,53 @@ mod tests {
         assert_eq!(observed.cors.len(), 1);
         assert!(observed.requester_pays && observed.default_event_based_hold);
         assert!(observed.hierarchical_namespace && observed.kms_key.is_some());
+    }
+
+    #[test]
+    fn every_lifecycle_condition_round_trips_and_each_one_drifts() {
+        let spec = spec(serde_json::json!({
+            "bucketName": "photos",
+            "lifecycleRules": [{"action": {"type": "Delete"}, "condition": {
+                "ageDays": 1, "createdBefore": "2024-01-31", "customTimeBefore": "2024-02-29",
+                "daysSinceCustomTime": 7, "isLive": false, "numNewerVersions": 2,
+                "daysSinceNoncurrentTime": 30, "noncurrentTimeBefore": "2023-12-01",
+                "matchesStorageClass": ["STANDARD"], "matchesPrefix": ["logs/", "tmp/"],
+                "matchesSuffix": [".gz", ".zip"]}}]
+        }));
+        let desired = Settings::desired(&spec, &BTreeMap::new());
+        let sent = desired.to_bucket();
+        let condition = sent.lifecycle.as_ref().map(|l| l.rule[0].condition.clone());
+        let condition = condition.flatten().expect("a condition is sent");
+        let date = |d: &Option<google_cloud_type::model::Date>| d.as_ref().map(date_to_string);
+        assert_eq!(
+            date(&condition.custom_time_before).as_deref(),
+            Some("2024-02-29")
+        );
+        assert_eq!(
+            date(&condition.noncurrent_time_before).as_deref(),
+            Some("2023-12-01")
+        );
+        assert_eq!(condition.days_since_custom_time, Some(7));
+        assert_eq!(condition.matches_prefix, ["logs/", "tmp/"]);
+        assert_eq!(condition.matches_suffix, [".gz", ".zip"]);
+        let observed = Settings::observed(&sent);
+        assert_eq!(observed.lifecycle, spec.lifecycle_rules);
+        assert_eq!(desired.drift(&observed), Vec::<Field>::new());
+        type Change = fn(&mut LifecycleCondition);
+        let changes: [Change; 5] = [
+            |c| c.custom_time_before = Some("2024-03-01".into()),
+            |c| c.days_since_custom_time = None,
+            |c| c.noncurrent_time_before = None,
+            |c| c.matches_prefix.reverse(),
+            |c| {
+                c.matches_suffix.pop();
+            },
+        ];
+        for (i, change) in changes.into_iter().enumerate() {
+            let mut drifted = observed.clone();
+            change(&mut drifted.lifecycle[0].condition);
+            assert_eq!(desired.drift(&drifted), [Field::Lifecycle], "change {i}");
+        }
     }
 
     #[test]

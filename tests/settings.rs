@@ -38,7 +38,13 @@ fn every_setting() -> serde_json::Value {
         "hierarchicalNamespace": {"enabled": true},
         "customPlacementConfig": {"dataLocations": ["us-east1", "us-west1"]},
         "rpo": "ASYNC_TURBO",
-        "lifecycleRules": [{"action": {"type": "Delete"}, "condition": {"ageDays": 365}}]
+        "lifecycleRules": [
+            {"action": {"type": "Delete"}, "condition": {"ageDays": 365}},
+            {"action": {"type": "Delete"}, "condition": {
+                "customTimeBefore": "2030-01-31", "daysSinceCustomTime": 90,
+                "noncurrentTimeBefore": "2029-02-28", "daysSinceNoncurrentTime": 30,
+                "matchesPrefix": ["tmp/", "cache/"], "matchesSuffix": [".gz", ".zip"]}}
+        ]
     })
 }
 
@@ -78,6 +84,17 @@ fn assert_every_setting(b: &proto::Bucket) {
     assert_eq!(placement.data_locations, ["US-EAST1", "US-WEST1"]);
     assert_eq!(b.location_type, "dual-region");
     assert_eq!(b.rpo, "ASYNC_TURBO");
+    let rules = b.lifecycle.clone().unwrap_or_default().rule;
+    assert_eq!(rules.len(), 2, "{rules:?}");
+    let c = rules[1].condition.clone().unwrap_or_default();
+    let custom = c.custom_time_before.map(|d| (d.year, d.month, d.day));
+    assert_eq!(custom, Some((2030, 1, 31)));
+    let noncurrent = c.noncurrent_time_before.map(|d| (d.year, d.month, d.day));
+    assert_eq!(noncurrent, Some((2029, 2, 28)));
+    assert_eq!(c.days_since_custom_time, Some(90));
+    assert_eq!(c.days_since_noncurrent_time, Some(30));
+    assert_eq!(c.matches_prefix, ["tmp/", "cache/"]);
+    assert_eq!(c.matches_suffix, [".gz", ".zip"]);
 }
 
 /// Waits until `check` holds for bucket `id` in the mock.
@@ -172,6 +189,26 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
         (
             "{bucketName: photos, location: EU, rpo: FAST}",
             "Unsupported value: \"FAST\"",
+        ),
+        (
+            "{bucketName: photos, lifecycleRules: [{action: {type: Delete}, condition: {customTimeBefore: '2024-13-01'}}]}",
+            "customTimeBefore in body should match",
+        ),
+        (
+            "{bucketName: photos, lifecycleRules: [{action: {type: Delete}, condition: {noncurrentTimeBefore: 2024-1-1}}]}",
+            "noncurrentTimeBefore in body should match",
+        ),
+        (
+            "{bucketName: photos, lifecycleRules: [{action: {type: Delete}, condition: {daysSinceCustomTime: -1}}]}",
+            "daysSinceCustomTime in body should be greater than or equal to 0",
+        ),
+        (
+            "{bucketName: photos, lifecycleRules: [{action: {type: Delete}, condition: {matchesPrefix: ['']}}]}",
+            "matchesPrefix[0] in body should be at least 1 chars long",
+        ),
+        (
+            "{bucketName: photos, lifecycleRules: [{action: {type: Delete}, condition: {}}]}",
+            "a lifecycle condition needs at least one field",
         ),
     ];
     for (spec, message) in cases {
@@ -351,6 +388,11 @@ async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() 
             ..Default::default()
         });
         b.rpo = "DEFAULT".into();
+        if let Some(rule) = b.lifecycle.as_mut().and_then(|l| l.rule.get_mut(1)) {
+            let c = rule.condition.get_or_insert_default();
+            c.custom_time_before = None;
+            c.matches_suffix.pop();
+        }
     })?;
     let b = wait_bucket(&f, &id, "every setting restored", |b| {
         b.rpo == "ASYNC_TURBO"

@@ -70,7 +70,69 @@ pub(crate) fn check(bucket: &proto::Bucket) -> Result<(), Status> {
     check_autoclass(bucket)?;
     check_placement(bucket)?;
     check_rpo(bucket)?;
-    check_encryption(bucket)
+    check_encryption(bucket)?;
+    check_lifecycle(bucket)
+}
+
+/// Each lifecycle rule has a known action (with a storage class exactly
+/// when it is SetStorageClass) and at least one condition, and its dates
+/// are dates: GCS answers 400 otherwise.
+fn check_lifecycle(bucket: &proto::Bucket) -> Result<(), Status> {
+    let rules = bucket.lifecycle.iter().flat_map(|l| &l.rule);
+    for (i, rule) in rules.enumerate() {
+        let refuse = |why: String| {
+            Status::invalid_argument(format!(
+                "bucket {}: lifecycle rule {i}: {why}",
+                bucket.bucket_id
+            ))
+        };
+        let action = rule.action.clone().unwrap_or_default();
+        let class_wanted = action.r#type == "SetStorageClass";
+        match action.r#type.as_str() {
+            "Delete" | "SetStorageClass" | "AbortIncompleteMultipartUpload" => {}
+            other => return Err(refuse(format!("unknown action type {other:?}"))),
+        }
+        if class_wanted == action.storage_class.is_empty() {
+            return Err(refuse(
+                "a storage class is required for SetStorageClass and not allowed otherwise".into(),
+            ));
+        }
+        let c = rule.condition.clone().unwrap_or_default();
+        let dates = [
+            &c.created_before,
+            &c.custom_time_before,
+            &c.noncurrent_time_before,
+        ];
+        let any = c.age_days.is_some()
+            || c.is_live.is_some()
+            || c.num_newer_versions.is_some()
+            || c.days_since_custom_time.is_some()
+            || c.days_since_noncurrent_time.is_some()
+            || dates.iter().any(|d| d.is_some())
+            || !c.matches_storage_class.is_empty()
+            || !c.matches_prefix.is_empty()
+            || !c.matches_suffix.is_empty();
+        if !any {
+            return Err(refuse("a rule needs at least one condition".into()));
+        }
+        if let Some(bad) = dates.into_iter().flatten().find(|d| !valid_date(d)) {
+            return Err(refuse(format!("invalid date {bad:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// A calendar date (leap years included).
+fn valid_date(d: &googleapis_tonic_google_storage_v2::google::r#type::Date) -> bool {
+    let leap = (d.year % 4 == 0 && d.year % 100 != 0) || d.year % 400 == 0;
+    let days = match d.month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=9999).contains(&d.year) && (1..=days).contains(&d.day)
 }
 
 fn check_hierarchical_namespace(bucket: &proto::Bucket) -> Result<(), Status> {

@@ -363,3 +363,61 @@ async fn keys_logging_and_the_other_settings_are_kept_as_sent() -> anyhow::Resul
     assert!(updated.default_event_based_hold, "not in the mask");
     Ok(())
 }
+
+/// A lifecycle condition from its JSON form (dates as `{year, month, day}`).
+fn condition(json: serde_json::Value) -> bucket::lifecycle::rule::Condition {
+    serde_json::from_value(json).expect("a lifecycle condition")
+}
+
+fn delete_rule(condition: bucket::lifecycle::rule::Condition) -> bucket::Lifecycle {
+    let rule = bucket::lifecycle::Rule::new()
+        .set_action(bucket::lifecycle::rule::Action::new().set_type("Delete"))
+        .set_condition(condition);
+    bucket::Lifecycle::new().set_rule([rule])
+}
+
+#[tokio::test]
+async fn lifecycle_conditions_are_kept_as_sent_and_empty_or_invalid_ones_refused()
+-> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let client = client(&mock).await?;
+    let every = condition(serde_json::json!({
+        "customTimeBefore": {"year": 2024, "month": 2, "day": 29},
+        "daysSinceCustomTime": 7,
+        "noncurrentTimeBefore": {"year": 2023, "month": 12, "day": 1},
+        "daysSinceNoncurrentTime": 30,
+        "matchesPrefix": ["logs/", "tmp/"],
+        "matchesSuffix": [".gz", ".zip"],
+    }));
+    assert!(every.custom_time_before.is_some() && every.noncurrent_time_before.is_some());
+    let created = create(
+        &client,
+        "life-a",
+        Bucket::new().set_lifecycle(delete_rule(every.clone())),
+    )
+    .await?;
+    let rules = created.lifecycle.context("no lifecycle")?.rule;
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].condition, Some(every));
+
+    let refused = [
+        (serde_json::json!({}), "at least one condition"),
+        (
+            serde_json::json!({"customTimeBefore": {"year": 2023, "month": 2, "day": 29}}),
+            "invalid date",
+        ),
+        (
+            serde_json::json!({"noncurrentTimeBefore": {"year": 2024, "month": 13, "day": 1}}),
+            "invalid date",
+        ),
+    ];
+    for (json, expected) in refused {
+        let patch = Bucket::new().set_lifecycle(delete_rule(condition(json.clone())));
+        let (code, message) = refusal(update(&client, "life-a", patch, &["lifecycle"]).await);
+        assert_eq!(code, Code::InvalidArgument, "{json}");
+        assert!(message.contains(expected), "{json}: {message}");
+    }
+    let kept = mock.handle().bucket("life-a").context("the bucket")?;
+    assert_eq!(kept.metageneration, 1, "no refused update was applied");
+    Ok(())
+}
