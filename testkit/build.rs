@@ -45,6 +45,12 @@ const METHODS: &[(&str, &str, &str, &str)] = &[
         "Empty",
     ),
     ("get_object", "GetObject", "GetObjectRequest", "Object"),
+    (
+        "lock_bucket_retention_policy",
+        "LockBucketRetentionPolicy",
+        "LockBucketRetentionPolicyRequest",
+        "Bucket",
+    ),
 ];
 
 /// The object data methods, as (Rust method name, gRPC method name, request

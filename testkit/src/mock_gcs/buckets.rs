@@ -59,7 +59,11 @@ impl State {
             };
             return Err(Status::already_exists(message));
         }
-        let bucket = new_bucket(&project, &id, template, now());
+        let mut bucket = new_bucket(&project, &id, template, now());
+        // Output only: set by the request's flag, at creation only.
+        bucket.object_retention = request
+            .enable_object_retention
+            .then_some(proto::bucket::ObjectRetention { enabled: true });
         super::settings::check(&bucket)?;
         self.buckets.insert(id, bucket.clone());
         Ok(bucket)
@@ -265,7 +269,7 @@ fn apply_path(
                 .map(|e| e.default_kms_key.clone());
             target.encryption.get_or_insert_default().default_kms_key = key.unwrap_or_default();
         }
-        "hierarchical_namespace" | "custom_placement_config" => {
+        "hierarchical_namespace" | "custom_placement_config" | "object_retention" => {
             return Err(Status::invalid_argument(format!(
                 "{path} is set when a bucket is created and cannot be changed"
             )));
@@ -327,7 +331,9 @@ fn settle_update(current: &proto::Bucket, updated: &mut proto::Bucket) -> Result
             duration_of(p.retention_duration) < duration_of(locked.retention_duration)
         });
         if shortened {
-            return Err(Status::failed_precondition(format!(
+            // GCS: "Attempting to remove or decrease period of a locked
+            // retention policy will result in a PERMISSION_DENIED error."
+            return Err(Status::permission_denied(format!(
                 "the retention policy of bucket {} is locked: it cannot be removed or shortened",
                 current.bucket_id
             )));

@@ -2,13 +2,15 @@
 //!
 //! [`MockGcs`] serves the bucket and object methods of
 //! `google.storage.v2.Storage` (CreateBucket, GetBucket, UpdateBucket,
-//! DeleteBucket, ListBuckets, ListObjects, DeleteObject, GetObject, and the
+//! DeleteBucket, LockBucketRetentionPolicy, ListBuckets, ListObjects,
+//! DeleteObject, GetObject, and the
 //! object data methods WriteObject, BidiWriteObject, StartResumableWrite,
 //! QueryWriteStatus, ReadObject, BidiReadObject, ComposeObject,
 //! RewriteObject with their real streaming shapes) over plaintext HTTP/2
 //! (h2c) on a local port, with GCS semantics: global bucket ids,
 //! metageneration and generation preconditions, field-mask updates,
-//! non-empty bucket protection, object versioning, CRC32C and MD5 checks of
+//! non-empty bucket protection, object versioning, retention policies and
+//! their lock, object retention, CRC32C and MD5 checks of
 //! written data, reads in chunks of at most 2 MiB. Object data is kept as
 //! the chunks it arrived in. It also serves the IAM policy of buckets
 //! (`google.storage.control.v2.StorageControl` GetIamPolicy and
@@ -35,6 +37,7 @@ mod faults;
 mod iam;
 mod objects;
 mod objects_grpc;
+mod retention;
 pub(crate) mod service;
 mod settings;
 mod state;
@@ -253,6 +256,25 @@ impl MockHandle {
         change: impl FnOnce(&mut proto::Bucket),
     ) -> anyhow::Result<proto::Bucket> {
         self.lock().modify_bucket(id, change)
+    }
+
+    /// Edits every generation of object `name` in bucket `bucket` out of
+    /// band (an older creation time, a retention of its own, ...); returns
+    /// how many generations were changed.
+    pub fn modify_objects(
+        &self,
+        bucket: &str,
+        name: &str,
+        mut change: impl FnMut(&mut proto::Object),
+    ) -> usize {
+        let mut state = self.lock();
+        let objects = state.objects.get_mut(bucket).into_iter().flatten();
+        let mut changed = 0;
+        for object in objects.filter(|o| o.name == name) {
+            change(object);
+            changed += 1;
+        }
+        changed
     }
 
     /// Writes a new live generation of object `name` in bucket `bucket`.

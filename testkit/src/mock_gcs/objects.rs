@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use tonic::Status;
 
 use super::proto;
+use super::retention::{check_deletable, with_retention_expiry};
 use super::state::{State, now, page_size, parse_bucket_name};
 
 /// One row of a listing: an object generation, or a collapsed prefix when a
@@ -31,7 +32,7 @@ impl State {
         request: &proto::ListObjectsRequest,
     ) -> Result<proto::ListObjectsResponse, Status> {
         let id = parse_bucket_name(&request.parent)?;
-        self.existing_bucket(id)?;
+        let bucket = self.existing_bucket(id)?;
         let size = page_size(request.page_size)?;
         let after = parse_page_token(&request.page_token)?;
         let objects = self.objects.get(id).map(Vec::as_slice).unwrap_or_default();
@@ -76,7 +77,9 @@ impl State {
         for entry in page {
             match entry {
                 Entry::Prefix(prefix) => response.prefixes.push(prefix),
-                Entry::Object(object) => response.objects.push(object.clone()),
+                Entry::Object(object) => response
+                    .objects
+                    .push(with_retention_expiry(bucket, object.clone())),
             }
         }
         Ok(response)
@@ -87,7 +90,7 @@ impl State {
         request: &proto::GetObjectRequest,
     ) -> Result<proto::Object, Status> {
         let id = parse_bucket_name(&request.bucket)?;
-        self.existing_bucket(id)?;
+        let bucket = self.existing_bucket(id)?;
         let object = self
             .objects
             .get(id)
@@ -101,7 +104,7 @@ impl State {
             request.if_metageneration_match,
             request.if_metageneration_not_match,
         )?;
-        Ok(object.clone())
+        Ok(with_retention_expiry(bucket, object.clone()))
     }
 
     pub(crate) fn delete_object(
@@ -109,10 +112,8 @@ impl State {
         request: &proto::DeleteObjectRequest,
     ) -> Result<(), Status> {
         let id = parse_bucket_name(&request.bucket)?;
-        let versioned = self
-            .existing_bucket(id)?
-            .versioning
-            .is_some_and(|v| v.enabled);
+        let bucket = self.existing_bucket(id)?.clone();
+        let versioned = bucket.versioning.is_some_and(|v| v.enabled);
         let not_found = || object_not_found(id, &request.object, request.generation);
         let objects = self.objects.get_mut(id).ok_or_else(not_found)?;
         let index = objects
@@ -133,6 +134,7 @@ impl State {
             request.if_metageneration_match,
             request.if_metageneration_not_match,
         )?;
+        check_deletable(&bucket, &objects[index])?;
         if versioned && request.generation == 0 {
             // Deleting the live version of a versioned object keeps it as a
             // noncurrent version.

@@ -153,6 +153,16 @@ impl generated::storage_server::Storage for MockService {
             .await
     }
 
+    async fn lock_bucket_retention_policy(
+        &self,
+        request: Request<proto::LockBucketRetentionPolicyRequest>,
+    ) -> Result<Response<proto::Bucket>, Status> {
+        let request = request.into_inner();
+        let target = bucket_target("LockBucketRetentionPolicy", &request.bucket);
+        self.call(target, move |state| state.lock_retention_policy(&request))
+            .await
+    }
+
     async fn list_objects(
         &self,
         request: Request<proto::ListObjectsRequest>,

@@ -654,9 +654,10 @@ async fn other_methods_are_unimplemented() -> anyhow::Result<()> {
     let mock = MockGcs::start().await?;
     let client = client(&mock).await?;
     let result = client
-        .lock_bucket_retention_policy()
+        .restore_object()
         .set_bucket(name("photos-k3x9q2mw"))
-        .set_if_metageneration_match(1)
+        .set_object("photo.jpg")
+        .set_generation(1)
         .send()
         .await;
     assert_eq!(code(result), Code::Unimplemented);

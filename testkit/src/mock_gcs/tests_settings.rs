@@ -421,3 +421,192 @@ async fn lifecycle_conditions_are_kept_as_sent_and_empty_or_invalid_ones_refused
     assert_eq!(kept.metageneration, 1, "no refused update was applied");
     Ok(())
 }
+
+fn retention(seconds: i64) -> bucket::RetentionPolicy {
+    bucket::RetentionPolicy::new()
+        .set_retention_duration(google_cloud_wkt::Duration::clamp(seconds, 0))
+}
+
+async fn lock(
+    client: &StorageControl,
+    id: &str,
+    metageneration: i64,
+) -> google_cloud_storage::Result<Bucket> {
+    client
+        .lock_bucket_retention_policy()
+        .set_bucket(format!("projects/_/buckets/{id}"))
+        .set_if_metageneration_match(metageneration)
+        .send()
+        .await
+}
+
+#[tokio::test]
+async fn a_retention_policy_locks_at_the_current_metageneration_and_never_shrinks()
+-> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let client = client(&mock).await?;
+    create(&client, "plain", Bucket::new()).await?;
+    let (code, message) = refusal(lock(&client, "plain", 1).await);
+    assert_eq!(code, Code::FailedPrecondition);
+    assert!(message.contains("no retention policy"), "{message}");
+
+    let created = create(
+        &client,
+        "worm",
+        Bucket::new().set_retention_policy(retention(3600)),
+    )
+    .await?;
+    let policy = created.retention_policy.clone().context("a policy")?;
+    assert!(!policy.is_locked, "a new policy is unlocked");
+    let (code, _) = refusal(lock(&client, "worm", 0).await);
+    assert_eq!(code, Code::InvalidArgument, "the precondition is required");
+    let (code, message) = refusal(lock(&client, "worm", created.metageneration + 1).await);
+    assert_eq!(code, Code::FailedPrecondition);
+    assert!(message.contains("metageneration"), "{message}");
+    assert!(
+        !mock
+            .handle()
+            .bucket("worm")
+            .and_then(|b| b.retention_policy)
+            .context("a policy")?
+            .is_locked,
+        "a refused lock locks nothing"
+    );
+    let locked = lock(&client, "worm", created.metageneration).await?;
+    assert!(
+        locked
+            .retention_policy
+            .as_ref()
+            .is_some_and(|p| p.is_locked)
+    );
+    assert_eq!(locked.metageneration, created.metageneration + 1);
+    let again = lock(&client, "worm", locked.metageneration).await?;
+    assert_eq!(again.metageneration, locked.metageneration, "no change");
+
+    // Removed or shortened: PERMISSION_DENIED (GCS's documented answer).
+    let cases = [
+        ("removed", Bucket::new()),
+        (
+            "shortened",
+            Bucket::new().set_retention_policy(retention(60)),
+        ),
+    ];
+    for (what, patch) in cases {
+        let (code, message) = refusal(update(&client, "worm", patch, &["retention_policy"]).await);
+        assert_eq!(code, Code::PermissionDenied, "{what}");
+        assert!(message.contains("locked"), "{what}: {message}");
+    }
+    let longer = Bucket::new().set_retention_policy(retention(7200));
+    let grown = update(&client, "worm", longer, &["retention_policy"]).await?;
+    let policy = grown.retention_policy.context("a policy")?;
+    assert!(policy.is_locked, "still locked");
+    assert_eq!(policy.retention_duration.map(|d| d.seconds()), Some(7200));
+    Ok(())
+}
+
+async fn delete_object(
+    client: &StorageControl,
+    id: &str,
+    object: &str,
+    generation: i64,
+) -> google_cloud_storage::Result<()> {
+    client
+        .delete_object()
+        .set_bucket(format!("projects/_/buckets/{id}"))
+        .set_object(object)
+        .set_generation(generation)
+        .send()
+        .await
+}
+
+#[tokio::test]
+async fn objects_under_retention_cannot_be_deleted_until_it_passes() -> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let handle = mock.handle();
+    let client = client(&mock).await?;
+    create(
+        &client,
+        "worm",
+        Bucket::new().set_retention_policy(retention(3600)),
+    )
+    .await?;
+    let young = handle.put_object("worm", "young.txt")?;
+    let old = handle.put_object("worm", "old.txt")?;
+    let aged = handle.modify_objects("worm", "old.txt", |o| {
+        if let Some(t) = o.create_time.as_mut() {
+            t.seconds -= 3601;
+        }
+    });
+    assert_eq!(aged, 1);
+    let listed = client
+        .list_objects()
+        .set_parent("projects/_/buckets/worm")
+        .send()
+        .await?;
+    assert_eq!(listed.objects.len(), 2);
+    for o in &listed.objects {
+        let expiry = o.retention_expire_time.context("an expiry")?.seconds();
+        let created = o.create_time.context("a creation time")?.seconds();
+        assert_eq!(expiry - created, 3600, "{}", o.name);
+    }
+    let (code, message) =
+        refusal(delete_object(&client, "worm", "young.txt", young.generation).await);
+    assert_eq!(code, Code::PermissionDenied);
+    assert!(message.contains("retention"), "{message}");
+    delete_object(&client, "worm", "old.txt", old.generation).await?;
+    assert_eq!(
+        handle.objects("worm").len(),
+        1,
+        "only the young one is left"
+    );
+
+    // An unlocked policy removed, nothing holds the object any more.
+    update(&client, "worm", Bucket::new(), &["retention_policy"]).await?;
+    delete_object(&client, "worm", "young.txt", young.generation).await?;
+    assert!(handle.objects("worm").is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn object_retention_is_enabled_at_creation_only_and_holds_objects() -> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let handle = mock.handle();
+    let client = client(&mock).await?;
+    let enabled = client
+        .create_bucket()
+        .set_parent(format!("projects/{PROJECT}"))
+        .set_bucket_id("kept")
+        .set_bucket(Bucket::new())
+        .set_enable_object_retention(true)
+        .send()
+        .await?;
+    assert!(enabled.object_retention.is_some_and(|r| r.enabled));
+    let output_only =
+        Bucket::new().set_object_retention(bucket::ObjectRetention::new().set_enabled(true));
+    let plain = create(&client, "plain", output_only).await?;
+    assert!(
+        plain.object_retention.is_none_or(|r| !r.enabled),
+        "output only: the request's flag enables it, not the bucket field"
+    );
+    let (code, message) =
+        refusal(update(&client, "kept", Bucket::new(), &["object_retention"]).await);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.contains("cannot be changed"), "{message}");
+
+    let object = handle.put_object("kept", "contract.pdf")?;
+    handle.modify_objects("kept", "contract.pdf", |o| {
+        let until = o.create_time.map(|t| prost_types::Timestamp {
+            seconds: t.seconds + 86400,
+            nanos: 0,
+        });
+        o.retention = Some(super::proto::object::Retention {
+            mode: 2,
+            retain_until_time: until,
+        });
+    });
+    let (code, _) =
+        refusal(delete_object(&client, "kept", "contract.pdf", object.generation).await);
+    assert_eq!(code, Code::PermissionDenied);
+    assert_eq!(handle.objects("kept").len(), 1);
+    Ok(())
+}
