@@ -18,6 +18,12 @@ pub const ADOPTED: &str = "Adopted";
 /// Its reason is the type's name.
 pub const IMMUTABLE_SETTINGS_DIFFER: &str = "ImmutableSettingsDiffer";
 
+/// Condition type present while the spec asks for less than the bucket's
+/// locked retention policy (a shorter period, none, or an unlocked one):
+/// GCS never shortens, removes or unlocks it, so the bucket keeps it and
+/// stays Ready. Its reason is the type's name.
+pub const RETENTION_POLICY_LOCKED: &str = "RetentionPolicyLocked";
+
 /// Reasons of the `Ready` and `Access` conditions.
 pub mod reason {
     /// The bucket exists, is ours and matches the spec.
@@ -44,6 +50,9 @@ pub mod reason {
     pub const GCS_ERROR: &str = "GcsError";
     /// Deletion waits for the bucket to be emptied.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+    /// Deletion (with `forceDestroy`) waits for objects under retention
+    /// (a locked retention policy, or their own retention) to expire.
+    pub const RETENTION_LOCKED: &str = "RetentionLocked";
     /// Another resource in the namespace maps the same logical name.
     pub const MAPPING_CONFLICT: &str = "MappingConflict";
     /// The namespace's bucket map has no room left for the entry.

@@ -67,7 +67,16 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
         .field_path(".spec.hierarchicalNamespace"),
     validation = Rule::new("(has(self.spec.customPlacementConfig) ? self.spec.customPlacementConfig.dataLocations.map(l, l.lowerAscii()) : []) == (has(oldSelf.spec.customPlacementConfig) ? oldSelf.spec.customPlacementConfig.dataLocations.map(l, l.lowerAscii()) : [])")
         .message("spec.customPlacementConfig is immutable: GCS cannot move a bucket's data to other regions; create a new Gcs resource instead")
-        .field_path(".spec.customPlacementConfig")
+        .field_path(".spec.customPlacementConfig"),
+    validation = Rule::new("!has(oldSelf.spec.retentionPolicy) || !has(oldSelf.spec.retentionPolicy.isLocked) || !oldSelf.spec.retentionPolicy.isLocked || (has(self.spec.retentionPolicy) && has(self.spec.retentionPolicy.isLocked) && self.spec.retentionPolicy.isLocked)")
+        .message("spec.retentionPolicy.isLocked cannot be unset or set to false, nor the retentionPolicy removed, once it is true: a locked retention policy is permanent in GCS and is never unlocked; objects can be deleted as their retention expires")
+        .field_path(".spec.retentionPolicy.isLocked"),
+    validation = Rule::new("!has(oldSelf.spec.retentionPolicy) || !has(oldSelf.spec.retentionPolicy.isLocked) || !oldSelf.spec.retentionPolicy.isLocked || !has(self.spec.retentionPolicy) || self.spec.retentionPolicy.retentionPeriodSeconds >= oldSelf.spec.retentionPolicy.retentionPeriodSeconds")
+        .message("spec.retentionPolicy.retentionPeriodSeconds cannot be shortened while the policy is locked (isLocked: true): GCS never shortens a locked retention policy; it may only grow")
+        .field_path(".spec.retentionPolicy.retentionPeriodSeconds"),
+    validation = Rule::new("has(self.spec.objectRetention) == has(oldSelf.spec.objectRetention)")
+        .message("spec.objectRetention is set when the bucket is created and never changed: GCS enables object retention only at creation and never disables it; create a new Gcs resource instead")
+        .field_path(".spec.objectRetention")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -144,7 +153,9 @@ pub struct GcsSpec {
     #[serde(default)]
     pub public_access_prevention: PublicAccessPrevention,
 
-    /// Minimum time each object is retained. Never locked by the operator.
+    /// Minimum time each object is retained (bucket lock): younger objects
+    /// cannot be deleted or replaced. Locked only when `isLocked: true`
+    /// says so, and never unlocked or shortened once locked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention_policy: Option<RetentionPolicy>,
 
@@ -204,6 +215,14 @@ pub struct GcsSpec {
     /// `location` that hold the data. Set at creation only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_placement_config: Option<CustomPlacementConfig>,
+
+    /// Object Retention Lock: objects may carry a retention of their own
+    /// (a retain-until time) that prevents their deletion. Set at creation
+    /// only (GCS enables it when the bucket is created and never disables
+    /// it). Absent: not enabled on a new bucket; an existing bucket's is
+    /// left as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_retention: Option<ObjectRetention>,
 
     /// Recovery point objective of cross-region replication: DEFAULT, or
     /// ASYNC_TURBO (turbo replication, dual-region buckets only). Absent:
@@ -370,9 +389,33 @@ pub enum DeletionPolicy {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct RetentionPolicy {
-    /// Retention period in seconds (1 second to 100 years).
+    /// Retention period in seconds (1 second to 100 years). While the
+    /// policy is locked it may grow, never shrink.
     #[schemars(range(min = 1, max = 3_155_760_000i64))]
     pub retention_period_seconds: i64,
+    /// Lock the policy: IRREVERSIBLE. Once locked, GCS never removes or
+    /// shortens it, and the bucket cannot be deleted until every object in
+    /// it is older than the retention period (`forceDestroy` included).
+    /// The operator locks only when this is true, and reports the lock as
+    /// an event; true cannot be changed back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_locked: Option<bool>,
+}
+
+/// Object Retention Lock of a bucket.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRetention {
+    /// `Enabled`: objects may carry a retention of their own.
+    pub mode: ObjectRetentionMode,
+}
+
+/// Object retention mode: `Enabled` is the one GCS knows.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs)]
+pub enum ObjectRetentionMode {
+    Enabled,
 }
 
 /// Soft delete policy.

@@ -201,12 +201,14 @@ impl GcsClient {
             .any(|b| b.bucket_id == bucket || b.name == bucket_resource(bucket)))
     }
 
-    /// Creates `bucket` in `project`.
+    /// Creates `bucket` in `project`; `object_retention` enables Object
+    /// Retention Lock, which only a create can do.
     pub async fn create_bucket(
         &self,
         project: &str,
         bucket: &str,
         desired: Bucket,
+        object_retention: bool,
     ) -> GcsResult<Bucket> {
         let started = Instant::now();
         let result = self
@@ -215,6 +217,7 @@ impl GcsClient {
             .set_parent(format!("projects/{project}"))
             .set_bucket_id(bucket)
             .set_bucket(desired)
+            .set_enable_object_retention(object_retention)
             .send()
             .await;
         self.record("CreateBucket", bucket, started, result)
@@ -238,6 +241,24 @@ impl GcsClient {
             .send()
             .await;
         self.record("UpdateBucket", bucket, started, result)
+    }
+
+    /// Locks the bucket's retention policy, if the bucket is still at
+    /// `metageneration`. Irreversible.
+    pub async fn lock_retention_policy(
+        &self,
+        bucket: &str,
+        metageneration: i64,
+    ) -> GcsResult<Bucket> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .lock_bucket_retention_policy()
+            .set_bucket(bucket_resource(bucket))
+            .set_if_metageneration_match(metageneration)
+            .send()
+            .await;
+        self.record("LockBucketRetentionPolicy", bucket, started, result)
     }
 
     /// Deletes an (empty) bucket.
@@ -300,25 +321,79 @@ impl GcsClient {
             _ => Ok(()),
         }
     }
+}
 
-    /// Deletes every object version in the bucket, in batches, with a few
-    /// deletions in flight. Returns how many were deleted.
-    pub async fn delete_all_objects(&self, bucket: &str) -> GcsResult<usize> {
+/// What emptying a bucket did: objects under retention are left in place.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Emptied {
+    /// Object versions deleted.
+    pub deleted: usize,
+    /// Object versions left because their retention has not expired.
+    pub retained: usize,
+    /// When the last of them may go (seconds since the epoch).
+    pub retained_until: Option<i64>,
+}
+
+/// When `object` may be deleted (seconds since the epoch), if that is
+/// after `now`: its bucket's retention policy (`retention_expire_time`) or
+/// its own retention, whichever ends later. `None`: deletable now.
+pub fn retained_until(object: &Object, now: i64) -> Option<i64> {
+    let own = object
+        .retention
+        .as_ref()
+        .and_then(|r| r.retain_until_time.as_ref());
+    [object.retention_expire_time.as_ref(), own]
+        .into_iter()
+        .flatten()
+        .map(|t| t.seconds())
+        .filter(|&t| t > now)
+        .max()
+}
+
+impl GcsClient {
+    /// Deletes every object version of `bucket` whose retention has
+    /// expired (all of them when none has any), a page at a time with a few
+    /// deletions in flight, and counts those it must leave: they would be
+    /// refused (PERMISSION_DENIED) until their retention expires.
+    pub async fn delete_unretained_objects(&self, bucket: &str) -> GcsResult<Emptied> {
         use futures::{StreamExt, TryStreamExt};
-        let mut deleted = 0;
+        let now = unix_now();
+        let mut pages = self
+            .control
+            .list_objects()
+            .set_parent(bucket_resource(bucket))
+            .set_versions(true)
+            .set_page_size(1000)
+            .by_page();
+        let mut emptied = Emptied::default();
         loop {
-            let batch = self.list_objects(bucket, true, 1000).await?;
-            if batch.is_empty() {
-                return Ok(deleted);
-            }
-            deleted += batch.len();
-            futures::stream::iter(batch)
+            let started = Instant::now();
+            let Some(page) = pages.next().await else {
+                return Ok(emptied);
+            };
+            let page = self.record("ListObjects", bucket, started, page)?;
+            let (kept, gone): (Vec<Object>, Vec<Object>) = page
+                .objects
+                .into_iter()
+                .partition(|o| retained_until(o, now).is_some());
+            let until = kept.iter().filter_map(|o| retained_until(o, now)).max();
+            emptied.retained += kept.len();
+            emptied.retained_until = emptied.retained_until.max(until);
+            emptied.deleted += gone.len();
+            futures::stream::iter(gone)
                 .map(|o| async move { self.delete_object(bucket, &o.name, o.generation).await })
                 .buffer_unordered(16)
                 .try_collect::<Vec<()>>()
                 .await?;
         }
     }
+}
+
+/// Seconds since the epoch.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// The outcome of a conditional IAM policy write.

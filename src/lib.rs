@@ -97,6 +97,11 @@ pub enum Error {
     /// The bucket cannot be deleted yet (it is not empty).
     #[error("{0}")]
     DeletionBlocked(String),
+    /// The bucket cannot be deleted yet: objects in it are under retention
+    /// (a locked retention policy, or their own) and cannot be deleted
+    /// before it expires.
+    #[error("{0}")]
+    RetentionLocked(String),
     /// The object lacks a field every stored object has.
     #[error("object has no {0}")]
     MissingField(&'static str),
@@ -122,6 +127,7 @@ impl Error {
             Error::Kube { .. } | Error::NamespaceRead(_) => "kube".into(),
             Error::Gcs(e) => format!("gcs_{}", e.code_label().to_ascii_lowercase()),
             Error::DeletionBlocked(_) => "deletion_blocked".into(),
+            Error::RetentionLocked(_) => "retention_locked".into(),
             Error::MissingField(_) => "missing_field".into(),
             Error::Publish(_) => "publish".into(),
             Error::BindingNotOwned(_) => "binding_not_owned".into(),

@@ -10,8 +10,12 @@ pub const PERMISSIONS: &[(&str, &str)] = &[
     // Whether a bucket lives in a project (adoption, ownership checks).
     ("ListBuckets", "storage.buckets.list"),
     ("CreateBucket", "storage.buckets.create"),
+    // `objectRetention: {mode: Enabled}` on a new bucket.
+    ("CreateBucket", "storage.buckets.enableObjectRetention"),
     // Drift correction.
     ("UpdateBucket", "storage.buckets.update"),
+    // `retentionPolicy.isLocked: true`.
+    ("LockBucketRetentionPolicy", "storage.buckets.update"),
     ("DeleteBucket", "storage.buckets.delete"),
     // Deletion: is the bucket empty; `forceDestroy` empties it.
     ("ListObjects", "storage.objects.list"),

@@ -33,6 +33,9 @@ pub struct Settings {
     pub public_access_prevention: String,
     /// Retention period in seconds; `None`: no retention policy.
     pub retention_seconds: Option<i64>,
+    /// The retention policy is (to be) locked. Locking is not an update:
+    /// see [`Settings::needs_lock`].
+    pub retention_locked: bool,
     /// `None` on the desired side: leave GCS's default alone.
     pub soft_delete_seconds: Option<i64>,
     /// Default Cloud KMS key; `None`: Google-managed encryption.
@@ -56,6 +59,8 @@ pub struct Settings {
     pub hierarchical_namespace: bool,
     /// The regions of a configurable dual-region, upper case (fixed at creation).
     pub data_locations: Vec<String>,
+    /// Object Retention Lock enabled (fixed at creation).
+    pub object_retention: bool,
     /// On the desired side, the fields the spec does not name: their
     /// values here are GCS's defaults for a new bucket, and an existing
     /// bucket's are left alone (never drift). Empty on the observed side.
@@ -114,6 +119,8 @@ pub enum Field {
     HierarchicalNamespace,
     /// `custom_placement_config`: set at creation only.
     CustomPlacementConfig,
+    /// `object_retention`: set at creation only.
+    ObjectRetention,
 }
 
 /// The fields an `UpdateBucket` can change, in the order drift is reported.
@@ -137,7 +144,11 @@ const MUTABLE: [Field; 16] = [
 ];
 
 /// The fields GCS sets at creation and never changes.
-const IMMUTABLE: [Field; 2] = [Field::HierarchicalNamespace, Field::CustomPlacementConfig];
+const IMMUTABLE: [Field; 3] = [
+    Field::HierarchicalNamespace,
+    Field::CustomPlacementConfig,
+    Field::ObjectRetention,
+];
 
 impl Field {
     /// The `google.storage.v2.Bucket` field mask path.
@@ -161,6 +172,7 @@ impl Field {
             Field::Rpo => "rpo",
             Field::HierarchicalNamespace => "hierarchical_namespace",
             Field::CustomPlacementConfig => "custom_placement_config",
+            Field::ObjectRetention => "object_retention",
         }
     }
 }
@@ -182,6 +194,10 @@ impl Settings {
                 .retention_policy
                 .as_ref()
                 .map(|r| r.retention_period_seconds),
+            retention_locked: spec
+                .retention_policy
+                .as_ref()
+                .is_some_and(|r| r.is_locked == Some(true)),
             soft_delete_seconds: spec
                 .soft_delete_policy
                 .as_ref()
@@ -210,6 +226,7 @@ impl Settings {
                     .iter()
                     .flat_map(|c| &c.data_locations),
             ),
+            object_retention: spec.object_retention.is_some(),
             unmanaged: unmanaged(spec),
         }
     }
@@ -246,6 +263,7 @@ impl Settings {
                 .as_ref()
                 .and_then(|r| r.retention_duration.as_ref())
                 .map(|d| d.seconds()),
+            retention_locked: b.retention_policy.as_ref().is_some_and(|r| r.is_locked),
             soft_delete_seconds: b.soft_delete_policy.as_ref().map(|s| {
                 s.retention_duration
                     .as_ref()
@@ -269,6 +287,7 @@ impl Settings {
                     .iter()
                     .flat_map(|c| &c.data_locations),
             ),
+            object_retention: b.object_retention.as_ref().is_some_and(|r| r.enabled),
             unmanaged: Vec::new(),
         }
     }
@@ -306,7 +325,7 @@ impl Settings {
             Field::PublicAccessPrevention => {
                 self.public_access_prevention != o.public_access_prevention
             }
-            Field::RetentionPolicy => self.retention_seconds != o.retention_seconds,
+            Field::RetentionPolicy => self.retention_differs(o),
             Field::SoftDeletePolicy => {
                 self.soft_delete_seconds.is_some()
                     && self.soft_delete_seconds != o.soft_delete_seconds
@@ -323,7 +342,45 @@ impl Settings {
             Field::Rpo => self.rpo != o.rpo,
             Field::HierarchicalNamespace => self.hierarchical_namespace != o.hierarchical_namespace,
             Field::CustomPlacementConfig => self.data_locations != o.data_locations,
+            Field::ObjectRetention => self.object_retention != o.object_retention,
         }
+    }
+
+    /// Whether an update can bring `o`'s retention period to `self`'s: any
+    /// change of an unlocked policy; of a locked one only a longer period
+    /// (GCS never shortens or removes it, see [`Settings::locked_retention_conflict`]).
+    fn retention_differs(&self, o: &Settings) -> bool {
+        if !o.retention_locked {
+            return self.retention_seconds != o.retention_seconds;
+        }
+        match (self.retention_seconds, o.retention_seconds) {
+            (Some(wanted), Some(locked)) => wanted > locked,
+            _ => false,
+        }
+    }
+
+    /// Whether the retention policy must be locked now: the spec says
+    /// `isLocked: true` and the bucket's policy (once updated) is unlocked.
+    pub fn needs_lock(&self, observed: &Settings) -> bool {
+        self.retention_locked && self.retention_seconds.is_some() && !observed.retention_locked
+    }
+
+    /// How the spec asks for less than the bucket's locked retention
+    /// policy (shorter, none, or unlocked), in words; `None` when it does
+    /// not. GCS refuses all of these: the bucket is kept as it is.
+    pub fn locked_retention_conflict(&self, observed: &Settings) -> Option<String> {
+        let locked = observed
+            .retention_seconds
+            .filter(|_| observed.retention_locked)?;
+        let asked = match self.retention_seconds {
+            None => "no retention policy".to_owned(),
+            Some(s) if s < locked => format!("a retention period of {s}s"),
+            Some(_) if !self.retention_locked => "an unlocked policy".to_owned(),
+            Some(_) => return None,
+        };
+        Some(format!(
+            "the bucket's retention policy is locked at {locked}s and the spec asks for {asked}"
+        ))
     }
 
     /// What changing `field` from `observed` to `self` does, in words
@@ -366,6 +423,7 @@ impl Settings {
             Field::HierarchicalNamespace => {
                 ("hierarchicalNamespace", on_off(self.hierarchical_namespace))
             }
+            Field::ObjectRetention => ("objectRetention", on_off(self.object_retention)),
             _ => self.shown_text(field),
         }
     }
@@ -574,6 +632,7 @@ fn unmanaged(spec: &GcsSpec) -> Vec<Field> {
             spec.custom_placement_config.is_none(),
             Field::CustomPlacementConfig,
         ),
+        (spec.object_retention.is_none(), Field::ObjectRetention),
     ]
     .into_iter()
     .filter_map(|(absent, field)| absent.then_some(field))

@@ -1,9 +1,11 @@
 //! The bucket settings of issue 38 (encryption, CORS, website, billing,
 //! logging, event-based hold, autoclass, hierarchical namespace, placement,
-//! rpo) on a real API server against the in-memory GCS: refused at
-//! admission with a clear message, applied on create, corrected on drift,
-//! never written when in sync, and, for those GCS fixes at creation,
-//! reported instead of corrected.
+//! rpo, lifecycle conditions, retention lock, object retention) on a real
+//! API server against the in-memory GCS: refused at admission with a clear
+//! message, applied on create, corrected on drift, never written when in
+//! sync, and, for those GCS fixes at creation, reported instead of
+//! corrected; a locked retention policy is never undone, and keeps a
+//! `forceDestroy` deletion waiting until its objects expire.
 
 // Scenarios and tables of cases read top to bottom; the one-screen rule
 // for functions is for product code (CONTRIBUTING.md).
@@ -549,6 +551,7 @@ async fn the_all_fields_example_is_admitted_and_created_as_written() -> TestResu
         "hierarchicalNamespace",
         "customPlacementConfig",
         "rpo",
+        "objectRetention",
     ] {
         assert!(spec.get(field).is_some(), "{path} lacks {field}");
     }
@@ -559,6 +562,11 @@ async fn the_all_fields_example_is_admitted_and_created_as_written() -> TestResu
     assert_eq!(b.rpo, "ASYNC_TURBO");
     assert_eq!(b.location_type, "dual-region");
     assert_eq!(b.cors.len(), 1);
+    assert!(b.object_retention.is_some_and(|r| r.enabled));
+    assert!(
+        b.retention_policy.is_some_and(|p| !p.is_locked),
+        "the example never locks"
+    );
     assert!(
         b.encryption
             .is_some_and(|e| e.default_kms_key.ends_with("/cryptoKeys/logs"))
@@ -567,5 +575,162 @@ async fn the_all_fields_example_is_admitted_and_created_as_written() -> TestResu
         b.logging.map(|l| l.log_object_prefix),
         Some("logs/".to_owned())
     );
+    Ok(())
+}
+
+/// `kubectl apply` of Gcs `name` with `spec`; the API server's answer.
+async fn apply(f: &Fixture, name: &str, spec: &str) -> anyhow::Result<(bool, String)> {
+    let out = f.kubectl_apply(&manifest(name, spec)).await?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test]
+async fn a_lock_and_object_retention_cannot_be_undone_at_admission() -> TestResult {
+    let f = Fixture::new().await?;
+    let locked = "{bucketName: worm, retentionPolicy: {retentionPeriodSeconds: 3600, isLocked: true}, objectRetention: {mode: Enabled}}";
+    let (ok, stderr) = apply(&f, "worm", locked).await?;
+    assert!(ok, "{stderr}");
+    let refused = [
+        (
+            "{bucketName: worm, retentionPolicy: {retentionPeriodSeconds: 3600, isLocked: false}, objectRetention: {mode: Enabled}}",
+            "spec.retentionPolicy.isLocked cannot be unset or set to false",
+        ),
+        (
+            "{bucketName: worm, retentionPolicy: {retentionPeriodSeconds: 3600}, objectRetention: {mode: Enabled}}",
+            "spec.retentionPolicy.isLocked cannot be unset or set to false",
+        ),
+        (
+            "{bucketName: worm, objectRetention: {mode: Enabled}}",
+            "nor the retentionPolicy removed",
+        ),
+        (
+            "{bucketName: worm, retentionPolicy: {retentionPeriodSeconds: 3599, isLocked: true}, objectRetention: {mode: Enabled}}",
+            "retentionPeriodSeconds cannot be shortened while the policy is locked",
+        ),
+        (
+            "{bucketName: worm, retentionPolicy: {retentionPeriodSeconds: 3600, isLocked: true}}",
+            "spec.objectRetention is set when the bucket is created and never changed",
+        ),
+        (
+            "{bucketName: worm, retentionPolicy: {retentionPeriodSeconds: 3600, isLocked: true}, objectRetention: {mode: Disabled}}",
+            "Unsupported value: \"Disabled\"",
+        ),
+    ];
+    for (spec, message) in refused {
+        let (ok, stderr) = apply(&f, "worm", spec).await?;
+        assert!(!ok, "{spec} was accepted");
+        assert!(
+            stderr.contains(message),
+            "{spec}: expected {message:?} in {stderr}"
+        );
+    }
+    // Longer is allowed.
+    let longer = "{bucketName: worm, retentionPolicy: {retentionPeriodSeconds: 7200, isLocked: true}, objectRetention: {mode: Enabled}}";
+    let (ok, stderr) = apply(&f, "worm", longer).await?;
+    assert!(ok, "{stderr}");
+
+    // Unlocked, the policy may shrink, go, or be locked; object retention
+    // cannot be added later.
+    let unlocked = "{bucketName: free, retentionPolicy: {retentionPeriodSeconds: 3600}}";
+    assert!(apply(&f, "free", unlocked).await?.0);
+    for spec in [
+        "{bucketName: free, retentionPolicy: {retentionPeriodSeconds: 60, isLocked: false}}",
+        "{bucketName: free}",
+        "{bucketName: free, retentionPolicy: {retentionPeriodSeconds: 60, isLocked: true}}",
+    ] {
+        let (ok, stderr) = apply(&f, "free", spec).await?;
+        assert!(ok, "{spec}: {stderr}");
+    }
+    let (ok, stderr) = apply(&f, "plain", "{bucketName: plain}").await?;
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = apply(
+        &f,
+        "plain",
+        "{bucketName: plain, objectRetention: {mode: Enabled}}",
+    )
+    .await?;
+    assert!(!ok, "object retention added later was accepted");
+    assert!(
+        stderr.contains("spec.objectRetention is set when the bucket is created"),
+        "{stderr}"
+    );
+    let out = f
+        .kubectl(&["explain", "gcs.spec.retentionPolicy.isLocked"])
+        .await?;
+    let explained = String::from_utf8_lossy(&out.stdout);
+    assert!(explained.contains("IRREVERSIBLE"), "{explained}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_locked_bucket_is_locked_once_and_outlives_force_destroy_until_its_objects_expire()
+-> TestResult {
+    let mut f = Fixture::started().await?;
+    let spec = serde_json::json!({
+        "bucketName": "worm", "forceDestroy": true, "objectRetention": {"mode": "Enabled"},
+        "retentionPolicy": {"retentionPeriodSeconds": 3600, "isLocked": true},
+    });
+    f.create("worm", spec).await?;
+    let id = physical(&f.wait_ready("worm").await?);
+    let b = wait_bucket(&f, &id, "the policy locked", |b| {
+        b.retention_policy.is_some_and(|p| p.is_locked)
+    })
+    .await?;
+    assert!(b.object_retention.is_some_and(|r| r.enabled));
+    f.wait_event("worm", "RetentionPolicyLocked").await?;
+    assert_eq!(f.gcs.call_count("LockBucketRetentionPolicy"), 1);
+
+    // Resyncs write nothing.
+    f.gcs.reset_calls();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while f.gcs.call_count("GetBucket") < 2 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no resync");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let writes: Vec<String> = f
+        .gcs
+        .calls()
+        .into_iter()
+        .map(|c| c.method)
+        .filter(|m| !m.starts_with("Get") && !m.starts_with("List"))
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+
+    f.gcs.put_object(&id, "young.txt")?;
+    f.delete("worm").await?;
+    let g = f.wait_reason("worm", "RetentionLocked").await?;
+    let ready = g.ready_condition().cloned().context("Ready")?;
+    assert_eq!(ready.status, "False");
+    for part in [
+        id.as_str(),
+        "locked at 3600s",
+        "1 object versions are under retention",
+    ] {
+        assert!(ready.message.contains(part), "{part} in {}", ready.message);
+    }
+    assert!(g.metadata.deletion_timestamp.is_some());
+    assert_eq!(g.metadata.finalizers.unwrap_or_default().len(), 1);
+    assert_eq!(f.gcs.objects(&id).len(), 1, "the young object is kept");
+    assert!(f.gcs.bucket(&id).is_some(), "the bucket is kept");
+    assert!(
+        f.gcs.calls().iter().all(|c| c.code == tonic::Code::Ok),
+        "no refused call: {:?}",
+        f.gcs.calls()
+    );
+
+    // Once its retention expired (aged here), the next look deletes it all.
+    let aged = f.gcs.modify_objects(&id, "young.txt", |o| {
+        if let Some(t) = o.create_time.as_mut() {
+            t.seconds -= 3601;
+        }
+    });
+    assert_eq!(aged, 1);
+    f.kill_operator().await;
+    f.start_operator().await?;
+    f.wait_gone("worm", Duration::from_secs(60)).await?;
+    assert!(f.gcs.bucket(&id).is_none(), "the bucket is deleted");
     Ok(())
 }

@@ -19,7 +19,7 @@ use super::status::StatusWriter;
 use super::{Context, PROJECT_ANNOTATION, resync};
 use crate::Result;
 use crate::bucket_map::Verdict;
-use crate::conditions::{self, IMMUTABLE_SETTINGS_DIFFER, reason};
+use crate::conditions::{self, IMMUTABLE_SETTINGS_DIFFER, RETENTION_POLICY_LOCKED, reason};
 use crate::crd::{BindingReference, Gcs, GcsStatus};
 use crate::gcs::{GcsError, GcsErrorKind};
 use crate::naming::{self, Identity, Ownership};
@@ -474,7 +474,10 @@ async fn create_or_adopt(
     let project = request.project;
     let location = request.obj.spec.location.to_ascii_uppercase();
     let bucket = request.desired.to_bucket().set_location(location);
-    let create = ctx.gcs.create_bucket(project, physical, bucket);
+    let object_retention = request.desired.object_retention;
+    let create = ctx
+        .gcs
+        .create_bucket(project, physical, bucket, object_retention);
     match ctx.pacer.run(project, create).await {
         Ok(b) => {
             info!(bucket = %physical, project, "created bucket");
@@ -624,27 +627,90 @@ async fn correct_drift(
         report_adoption(ctx, status, request, bucket, &changes);
     }
     report_immutable_drift(ctx, status, request, &observed, physical);
-    if drift.is_empty() {
-        return Ok(());
+    report_locked_retention(ctx, status, request, &observed, physical);
+    let mut metageneration = bucket.metageneration;
+    if !drift.is_empty() {
+        let mask: Vec<&str> = drift.iter().map(|f| f.mask_path()).collect();
+        let updated = ctx
+            .gcs
+            .update_bucket(physical, request.desired.to_bucket(), &mask, metageneration)
+            .await?;
+        metageneration = updated.metageneration;
+        info!(bucket = %physical, fields = ?mask, "corrected drift");
+        ctx.event(
+            request.obj,
+            EventType::Normal,
+            "Updated",
+            "UpdateBucket",
+            format!("Bucket {physical} set as declared: {}", changes.join("; ")),
+        );
     }
-    let mask: Vec<&str> = drift.iter().map(|f| f.mask_path()).collect();
-    ctx.gcs
-        .update_bucket(
-            physical,
-            request.desired.to_bucket(),
-            &mask,
-            bucket.metageneration,
-        )
+    if request.desired.needs_lock(&observed) {
+        lock_retention(ctx, request, physical, metageneration).await?;
+    }
+    Ok(())
+}
+
+/// Locks the bucket's retention policy (`isLocked: true`), at the
+/// metageneration the drift phase left it at: a bucket changed since (by
+/// somebody else) is not locked blind; the reconcile is retried.
+async fn lock_retention(
+    ctx: &Context,
+    request: &BucketRequest<'_>,
+    physical: &str,
+    metageneration: i64,
+) -> Result<()> {
+    let locked = ctx
+        .gcs
+        .lock_retention_policy(physical, metageneration)
         .await?;
-    info!(bucket = %physical, fields = ?mask, "corrected drift");
+    let seconds = locked
+        .retention_policy
+        .as_ref()
+        .and_then(|p| p.retention_duration.as_ref())
+        .map_or(0, |d| d.seconds());
+    info!(bucket = %physical, seconds, "locked the retention policy");
     ctx.event(
         request.obj,
         EventType::Normal,
-        "Updated",
-        "UpdateBucket",
-        format!("Bucket {physical} set as declared: {}", changes.join("; ")),
+        "RetentionPolicyLocked",
+        "LockBucketRetentionPolicy",
+        format!(
+            "Locked the retention policy of bucket {physical} at {seconds}s (spec.retentionPolicy.isLocked): irreversible; the policy can only grow, and objects can be deleted only once older than it"
+        ),
     );
     Ok(())
+}
+
+/// The `RetentionPolicyLocked` condition, and a warning when it appears or
+/// changes: the spec asks for less than the bucket's locked retention
+/// policy. Nothing is attempted (GCS would refuse); the bucket stays Ready.
+fn report_locked_retention(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    observed: &Settings,
+    physical: &str,
+) {
+    let Some(conflict) = request.desired.locked_retention_conflict(observed) else {
+        status.condition(RETENTION_POLICY_LOCKED, None);
+        return;
+    };
+    let message = format!(
+        "bucket {physical}: {conflict}; GCS never shortens, removes or unlocks a locked retention policy, so bucketmap keeps it as it is: set spec.retentionPolicy to at least the locked period with isLocked: true"
+    );
+    let current = status.current(RETENTION_POLICY_LOCKED);
+    if current.is_none_or(|c| c.message != message) {
+        ctx.event(
+            request.obj,
+            EventType::Warning,
+            RETENTION_POLICY_LOCKED,
+            "UpdateBucket",
+            message.clone(),
+        );
+    }
+    let value = (true, RETENTION_POLICY_LOCKED, message);
+    status.condition(RETENTION_POLICY_LOCKED, Some(value));
 }
 
 /// The `ImmutableSettingsDiffer` condition, and a warning when it appears

@@ -16,11 +16,12 @@ use super::Context;
 use super::status::StatusWriter;
 use crate::conditions::reason;
 use crate::crd::{DeletionPolicy, Gcs};
-use crate::gcs::GcsErrorKind;
+use crate::gcs::{Emptied, GcsErrorKind};
 use crate::naming::{self, Identity, Ownership};
 use crate::publish;
 use crate::slots::Slot;
 use crate::{Error, Result};
+use google_cloud_storage::model::Bucket;
 
 /// Deletes the bucket per `deletionPolicy`, never one that is not ours.
 pub(super) async fn cleanup(
@@ -55,10 +56,10 @@ pub(super) async fn cleanup(
         }
         DeletionPolicy::Delete => {}
     }
-    let Some(_) = ours(&obj, ctx, &physical).await? else {
+    let Some(bucket) = ours(&obj, ctx, &physical).await? else {
         return Ok(Action::await_change());
     };
-    empty_bucket(&obj, ctx, &physical).await?;
+    empty_bucket(&obj, ctx, &bucket).await?;
     let project = recorded.project_id.unwrap_or_default();
     delete_bucket(&obj, ctx, &physical, &project).await?;
     Ok(Action::await_change())
@@ -130,9 +131,11 @@ async fn abandon(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
     Ok(())
 }
 
-/// With `forceDestroy`, deletes every object version; without it, refuses
-/// (`DeletionBlocked`) while the bucket holds any.
-async fn empty_bucket(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
+/// With `forceDestroy`, deletes every object version, save those under
+/// retention: while any is left, the deletion waits (`RetentionLocked`).
+/// Without it, refuses (`DeletionBlocked`) while the bucket holds any.
+async fn empty_bucket(obj: &Gcs, ctx: &Context, bucket: &Bucket) -> Result<()> {
+    let physical = bucket.bucket_id.as_str();
     if !obj.spec.force_destroy {
         if ctx.gcs.list_objects(physical, true, 1).await?.is_empty() {
             return Ok(());
@@ -141,8 +144,10 @@ async fn empty_bucket(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
             "bucket {physical} is not empty: delete its objects (including noncurrent versions) or set spec.forceDestroy: true; the bucket is kept until then"
         )));
     }
-    let deleted = ctx.gcs.delete_all_objects(physical).await?;
-    if deleted > 0 {
+    release_unlocked_retention(obj, ctx, bucket).await?;
+    let emptied = ctx.gcs.delete_unretained_objects(physical).await?;
+    if emptied.deleted > 0 {
+        let deleted = emptied.deleted;
         ctx.event(
             obj,
             EventType::Normal,
@@ -151,7 +156,66 @@ async fn empty_bucket(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
             format!("forceDestroy: deleted {deleted} object versions from bucket {physical}"),
         );
     }
+    match emptied.retained {
+        0 => Ok(()),
+        retained => Err(Error::RetentionLocked(retention_message(
+            bucket, retained, emptied,
+        ))),
+    }
+}
+
+/// With `forceDestroy`, an unlocked retention policy is removed first:
+/// unlocked, it binds nobody who may update the bucket, and it would keep
+/// every young object. A locked one stays (GCS never removes it).
+async fn release_unlocked_retention(obj: &Gcs, ctx: &Context, bucket: &Bucket) -> Result<()> {
+    let Some(policy) = bucket.retention_policy.as_ref().filter(|p| !p.is_locked) else {
+        return Ok(());
+    };
+    let physical = bucket.bucket_id.as_str();
+    let seconds = policy
+        .retention_duration
+        .as_ref()
+        .map_or(0, |d| d.seconds());
+    ctx.gcs
+        .update_bucket(
+            physical,
+            Bucket::new(),
+            &["retention_policy"],
+            bucket.metageneration,
+        )
+        .await?;
+    info!(bucket = %physical, seconds, "removed the unlocked retention policy");
+    let note = format!(
+        "forceDestroy: removed the unlocked retention policy ({seconds}s) of bucket {physical} so that its objects can be deleted"
+    );
+    ctx.event(
+        obj,
+        EventType::Normal,
+        "RetentionPolicyRemoved",
+        "DeleteBucket",
+        note,
+    );
     Ok(())
+}
+
+/// Why the bucket is kept: objects under retention, until when.
+fn retention_message(bucket: &Bucket, retained: usize, emptied: Emptied) -> String {
+    let physical = &bucket.bucket_id;
+    let why = match bucket.retention_policy.as_ref().filter(|p| p.is_locked) {
+        Some(p) => format!(
+            "its retention policy is locked at {}s",
+            p.retention_duration.as_ref().map_or(0, |d| d.seconds())
+        ),
+        None => "they carry a retention of their own (object retention)".to_owned(),
+    };
+    let until = emptied
+        .retained_until
+        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+        .map_or_else(|| "unknown".to_owned(), |t| t.to_string());
+    format!(
+        "bucket {physical} cannot be destroyed until its objects' retention expires: {retained} object versions are under retention ({why}), the last until {until}; {} expired ones were deleted. bucketmap deletes the rest as they expire and then the bucket; the Gcs keeps its finalizer until then",
+        emptied.deleted
+    )
 }
 
 /// Deletes the (empty) bucket, paced per project; gone already is fine.

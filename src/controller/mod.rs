@@ -224,6 +224,8 @@ pub fn error_policy(obj: Arc<Gcs>, error: &Error, ctx: Arc<Context>) -> Action {
 fn backoff(error: &Error, failures: u32) -> Duration {
     let (base, cap) = match error {
         Error::DeletionBlocked(_) => (Duration::from_secs(5), Duration::from_secs(300)),
+        // Retention lasts days to years: look again now and then.
+        Error::RetentionLocked(_) => (Duration::from_secs(60), Duration::from_secs(3600)),
         _ => (Duration::from_millis(500), Duration::from_secs(120)),
     };
     base.saturating_mul(1u32 << failures.min(16).saturating_sub(1))

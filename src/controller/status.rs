@@ -148,6 +148,7 @@ fn failure_report(error: &Error, project: &str) -> Option<FailureReport> {
             )
         }
         Error::DeletionBlocked(msg) => (reason::DELETION_BLOCKED, msg.clone()),
+        Error::RetentionLocked(msg) => (reason::RETENTION_LOCKED, msg.clone()),
         Error::BindingNotOwned(msg) => (reason::BINDING_NOT_OWNED, msg.clone()),
         _ => return None,
     };

@@ -29,3 +29,5 @@ mod fidelity;
 mod limits;
 /// Buckets found again; settings fixed at creation.
 mod recovery;
+/// Retention lock, deletion under retention, object retention.
+mod retention;
