@@ -67,18 +67,19 @@ pub(crate) struct MetadataFigures {
 pub(crate) struct BlockFigures {
     pub(crate) p50: Duration,
     pub(crate) p99: Duration,
-    /// CPU per request in the block, µs.
-    pub(crate) cpu_us: f64,
 }
 
 /// The closed-loop figures at one connection count, per path.
 pub(crate) struct ThroughputRow {
     pub(crate) connections: usize,
     pub(crate) rps: Vec<f64>,
-    /// CPU µs per request.
+    /// CPU µs per request, as the kernel accounts the process's time
+    /// (`utime + stime`, every thread).
     pub(crate) cpu_us: Vec<f64>,
     /// Each block's requests per second, in the order the blocks ran.
     pub(crate) block_rps: Vec<Vec<f64>>,
+    /// Each block's CPU µs per request, as `cpu_us`.
+    pub(crate) block_cpu_us: Vec<Vec<f64>>,
 }
 
 /// Closed-loop requests per second, per path.
@@ -88,6 +89,9 @@ pub(crate) struct ThroughputFigures {
     pub(crate) rows: Vec<ThroughputRow>,
     /// Failed requests over all runs.
     pub(crate) errors: u64,
+    /// Per path, for the sidecars: `VmRSS` and `VmHWM` in KiB once the
+    /// last run (the most connections) is over.
+    pub(crate) rss_after_kib: Vec<Option<(u64, u64)>>,
 }
 
 pub(crate) struct StreamFigures {

@@ -72,7 +72,6 @@ pub(crate) async fn metadata_phase(
             run.blocks.push(BlockFigures {
                 p50: block.percentile(50.0),
                 p99: block.percentile(99.0),
-                cpu_us: cpu_ns as f64 / 1000.0 / block.sorted.len().max(1) as f64,
             });
         }
     }
@@ -159,7 +158,6 @@ pub(crate) async fn throughput_phase(
     paths: &Paths,
 ) -> ThroughputFigures {
     let upstream = paths.upstream;
-    let n = paths.endpoints.len();
     eprintln!(
         "[{upstream}] requests per second: {:?} per path and connection count in {} blocks",
         settings.rps_block * settings.rps_blocks,
@@ -170,42 +168,66 @@ pub(crate) async fn throughput_phase(
         labels: paths.labels(),
         rows: Vec::new(),
         errors: 0,
+        rss_after_kib: Vec::new(),
     };
     for connections in CONNECTIONS {
-        let (mut done, mut cpu_ns) = (vec![0u64; n], vec![0u64; n]);
-        let mut block_rps = vec![Vec::new(); n];
-        for block in 0..settings.rps_blocks as usize {
-            for index in paths.turn(block) {
-                let meter = &paths.meters[index];
-                let before = meter.read();
-                let (ok, failed) = closed_loop(
-                    client,
-                    &paths.endpoints[index],
-                    connections,
-                    settings.rps_block,
-                )
-                .await;
-                cpu_ns[index] += meter.read().saturating_sub(before);
-                done[index] += ok;
-                block_rps[index].push(ok as f64 / settings.rps_block.as_secs_f64());
-                figures.errors += failed;
-            }
+        let row = throughput_row(settings, client, paths, connections, &mut figures.errors).await;
+        figures.rows.push(row);
+    }
+    figures.rss_after_kib = paths
+        .endpoints
+        .iter()
+        .zip(&paths.meters)
+        .map(|(endpoint, meter)| {
+            let pid = meter.pid().filter(|_| is_sidecar(endpoint.label))?;
+            memory_kib(pid).ok()
+        })
+        .collect();
+    figures
+}
+
+/// One connection count's closed loops over every path, in blocks.
+async fn throughput_row(
+    settings: &Settings,
+    client: &HttpClient,
+    paths: &Paths,
+    connections: usize,
+    errors: &mut u64,
+) -> ThroughputRow {
+    let n = paths.endpoints.len();
+    let (mut done, mut cpu_ns) = (vec![0u64; n], vec![0u64; n]);
+    let (mut block_rps, mut block_cpu_us) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    for block in 0..settings.rps_blocks as usize {
+        for index in paths.turn(block) {
+            let meter = &paths.meters[index];
+            let before = meter.read_accounted();
+            let (ok, failed) = closed_loop(
+                client,
+                &paths.endpoints[index],
+                connections,
+                settings.rps_block,
+            )
+            .await;
+            let used = meter.read_accounted().saturating_sub(before);
+            cpu_ns[index] += used;
+            done[index] += ok;
+            block_rps[index].push(ok as f64 / settings.rps_block.as_secs_f64());
+            block_cpu_us[index].push(used as f64 / 1000.0 / ok.max(1) as f64);
+            *errors += failed;
         }
-        let seconds = (settings.rps_block * settings.rps_blocks).as_secs_f64();
-        let rps = done.iter().map(|&d| d as f64 / seconds).collect();
-        let cpu_us = cpu_ns
+    }
+    let seconds = (settings.rps_block * settings.rps_blocks).as_secs_f64();
+    ThroughputRow {
+        connections,
+        rps: done.iter().map(|&d| d as f64 / seconds).collect(),
+        cpu_us: cpu_ns
             .iter()
             .zip(&done)
             .map(|(&ns, &d)| ns as f64 / 1000.0 / d.max(1) as f64)
-            .collect();
-        figures.rows.push(ThroughputRow {
-            connections,
-            rps,
-            cpu_us,
-            block_rps,
-        });
+            .collect(),
+        block_rps,
+        block_cpu_us,
     }
-    figures
 }
 
 /// The sidecar the memory phase measures: in front of `direct`'s upstream

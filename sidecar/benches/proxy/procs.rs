@@ -489,6 +489,38 @@ pub(crate) fn cpu_ns(pid: &str) -> u64 {
         .sum()
 }
 
+/// CPU time a process (`"self"` or a pid) has used so far as the kernel
+/// accounts it, in nanoseconds: `utime + stime` of `/proc/PID/stat`, which
+/// count every thread the process ever had (what `top` and `ps` show), in
+/// clock ticks, so a reading is exact to a tick (10 ms).
+pub(crate) fn accounted_cpu_ns(pid: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // The command name, in parentheses, may hold spaces: count after it.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15; `rest` starts at field 3.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    ticks * 1_000_000_000 / clock_ticks_per_second()
+}
+
+/// `getconf CLK_TCK`: the unit of `/proc/PID/stat`'s times (100 on Linux).
+fn clock_ticks_per_second() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        command_output("getconf", &["CLK_TCK"])
+            .and_then(|t| t.trim().parse().ok())
+            .filter(|&t| t > 0)
+            .unwrap_or(100)
+    })
+}
+
 /// Sums the CPU time of a set of processes: the sidecar, or the direct
 /// baseline's client and upstream (this process, plus fake-gcs-server when
 /// it is the upstream).
@@ -506,8 +538,21 @@ impl CpuMeter {
         CpuMeter { pids: all }
     }
 
+    /// The live threads' CPU time, to the nanosecond ([`cpu_ns`]): for
+    /// short intervals, where a tick is too coarse.
     pub(crate) fn read(&self) -> u64 {
         self.pids.iter().map(|pid| cpu_ns(pid)).sum()
+    }
+
+    /// The processes' CPU time as the kernel accounts it
+    /// ([`accounted_cpu_ns`]): the headline figures.
+    pub(crate) fn read_accounted(&self) -> u64 {
+        self.pids.iter().map(|pid| accounted_cpu_ns(pid)).sum()
+    }
+
+    /// The first process's pid, unless it is this process.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.pids.first()?.parse().ok()
     }
 }
 

@@ -26,6 +26,8 @@ pub(crate) struct Report {
     pub(crate) commit: String,
     /// Which builds of the sidecar were measured.
     pub(crate) builds: String,
+    /// Whether the main sidecar path measures the shipped build.
+    pub(crate) main_is_shipped: bool,
     pub(crate) cores: usize,
     /// Whether address-space randomisation was on for the bench's processes.
     pub(crate) randomised: bool,
@@ -179,7 +181,7 @@ impl Report {
         let s = &self.settings;
         let _ = writeln!(
             out,
-            "### Metadata latency\n\n`GET /storage/v1/b/B/o/x` (JSON object resource), open loop at {} req/s, {:?} per path in {} blocks of {:?}, the paths taking turns. {RATIO_NOTE} Added latency is a path's percentile minus the direct one. The TCP relay is the floor of any user-space proxy here (one more process and two more sockets, no HTTP); on the TLS upstream the TLS relay is, which also speaks TLS to the upstream. The HTTP relay forwards with hyper, the sidecar's HTTP machinery, and does nothing else: the floor of a proxy built on it. nginx is one process with a keep-alive pool to the upstream; nginx-rewrite also rewrites the bucket in the path and `sub_filter`s the name in JSON, the sidecar's job done off the shelf. CPU per request is the client's plus the upstream's (direct) or the proxy's, each during its own blocks. On the TLS upstream, direct is the client speaking TLS itself, the proxies take plaintext and speak TLS to the upstream.\n",
+            "### Metadata latency\n\n`GET /storage/v1/b/B/o/x` (JSON object resource), open loop at {} req/s, {:?} per path in {} blocks of {:?}, the paths taking turns. {RATIO_NOTE} Added latency is a path's percentile minus the direct one. The TCP relay is the floor of any user-space proxy here (one more process and two more sockets, no HTTP); on the TLS upstream the TLS relay is, which also speaks TLS to the upstream. The HTTP relay forwards with hyper, the sidecar's HTTP machinery, and does nothing else: the floor of a proxy built on it. nginx is one process with a keep-alive pool to the upstream; nginx-rewrite also rewrites the bucket in the path and `sub_filter`s the name in JSON, the sidecar's job done off the shelf. CPU per request here is the live threads' run time (`/proc/PID/task/*/schedstat`) at this low rate, where every request wakes each process from sleep: a view of wake-up costs, not the headline, which is the closed loops' below. It is the client's plus the upstream's (direct) or the proxy's, each during its own blocks. On the TLS upstream, direct is the client speaking TLS itself, the proxies take plaintext and speak TLS to the upstream.\n",
             s.rate,
             s.per_path(),
             s.blocks,
@@ -278,7 +280,7 @@ impl Report {
         let s = &self.settings;
         let _ = writeln!(
             out,
-            "\n### Requests per second\n\nMetadata GETs in closed loops (each connection sends its next request when the last is answered) at 1 and 16 connections, {:?} per path and connection count in {} block(s), the paths taking turns. The load client is one thread, as are the upstream, nginx and the sidecar, all on {} cores. {RATIO_NOTE}\n",
+            "\n### Requests per second and CPU per request\n\nMetadata GETs in closed loops (each connection sends its next request when the last is answered) at 1 and 16 connections, {:?} per path and connection count in {} block(s), the paths taking turns. The load client is one thread, as are the upstream, nginx and the sidecar, all on {} cores. CPU per request is the headline: each process's `utime + stime` over its blocks, as the kernel accounts it (every thread it had; what `top` shows), divided by the requests it served; for direct, the client's and the upstream's. {RATIO_NOTE}\n",
             s.rps_block * s.rps_blocks,
             s.rps_blocks,
             self.cores
@@ -308,6 +310,17 @@ impl Report {
             }
             if t.errors > 0 {
                 let _ = writeln!(out, "\n{}: {} requests failed.", t.upstream, t.errors);
+            }
+            for (label, rss) in t.labels.iter().zip(&t.rss_after_kib) {
+                if let Some((rss, hwm)) = rss {
+                    let _ = writeln!(
+                        out,
+                        "\n{}, {label}: RSS once the loops were over {}, peak {}.",
+                        t.upstream,
+                        mib(*rss),
+                        mib(*hwm)
+                    );
+                }
             }
         }
     }
