@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the Rust toolchains pinned in rust-toolchain.toml (the workspace) and
-# sidecar/fuzz/rust-toolchain.toml (the fuzz targets' nightly) available.
+# sidecar-core/fuzz/rust-toolchain.toml (the fuzz targets' nightly) available.
 #
 # rustup installs a missing pinned toolchain by itself when it can reach its
 # distribution server. This machine may not: when a toolchain of the same
@@ -32,7 +32,7 @@ ensure() {
 }
 
 stable="$(channel rust-toolchain.toml)"
-nightly="$(channel sidecar/fuzz/rust-toolchain.toml)"
+nightly="$(channel sidecar-core/fuzz/rust-toolchain.toml)"
 ensure "$stable" stable "rustc $stable "
 # nightly-YYYY-MM-DD is built from the previous day's commit.
 day="$(date -u -d "${nightly#nightly-} -1 day" +%Y-%m-%d)"

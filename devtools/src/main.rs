@@ -57,7 +57,7 @@ enum Command {
     /// the Helm chart's files/crd.yaml (or, with --check, fail if either is
     /// stale).
     Crd(crd::CrdArgs),
-    /// Write the sidecar's gRPC bucket-name table (sidecar/src/grpc/schema.rs)
+    /// Write the sidecar's gRPC bucket-name table (sidecar-core/src/grpc/schema.rs)
     /// derived from the vendored protos (after tools/grpc/fetch.sh).
     GrpcSchema,
 }

@@ -1,6 +1,12 @@
 //! bucketmap-sidecar: a per-pod HTTP proxy that lets unmodified Google Cloud
 //! Storage clients use logical bucket names.
 //!
+//! This crate is the I/O shell: listeners, the tower stack, bodies as
+//! streams, the upstream client, credentials and the map's file watch. The
+//! rules — routing, the discovery-derived table, the rewriters, batches,
+//! the gRPC wire walker — are `bucketmap-sidecar-core`'s, without I/O, and
+//! re-exported here under their module names.
+//!
 //! A request flows through a tower stack ([`server::proxy_stack`], layers in
 //! [`layers`]), outermost first:
 //! 1. [`layers::record`]: log lines, the `requests` metric, the in-flight
@@ -61,25 +67,24 @@
 //! the body on as a stream.
 
 pub mod auth;
-pub mod batch;
 pub mod body;
 pub mod config;
-pub mod discovery;
 pub mod encoding;
-pub mod errors;
 pub mod grpc;
+pub mod host;
 pub mod layers;
 pub mod mapping;
 pub mod metrics;
-pub mod multipart;
-pub mod names;
 pub mod proxy;
-pub mod rewrite;
-pub mod route;
 pub mod server;
-pub mod signing;
 pub mod telemetry;
 pub mod tls;
 pub mod upload;
 pub mod upstream;
 pub mod watch;
+
+/// The rules without I/O, from `bucketmap-sidecar-core`, under the names
+/// the shell and its tests use.
+pub use bucketmap_sidecar_core::{
+    answer, batch, discovery, errors, hop_by_hop, multipart, names, rewrite, route, signing,
+};

@@ -25,7 +25,7 @@ use crate::errors::ApiError;
 use crate::layers::refuse::{METHOD_OVERRIDE_HEADER, Routed};
 use crate::layers::timeout::{TimeoutFuture, UpstreamError, UpstreamTimeout, UpstreamTimeoutLayer};
 use crate::layers::{Answer, BoxFuture, rejection};
-use crate::mapping::{Mapping, MappingStore};
+use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
 use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
 use crate::rewrite::strict::check_request_json;
@@ -33,9 +33,11 @@ use crate::rewrite::text::replace_bucket_tokens;
 use crate::rewrite::url::{rewrite_copy_source, rewrite_url};
 use crate::rewrite::xml::rewrite_xml;
 use crate::rewrite::{Direction, LinkBase, Translator};
-use crate::route::{RequestBody, Resource, ResponseBody, Route, virtual_host_bucket};
+use crate::route::{RequestBody, Resource, ResponseBody, Route};
 use crate::upload;
 use crate::upstream::UpstreamClient;
+use bucketmap_sidecar_core::answer::{is_json, unreadable_answer};
+use bucketmap_sidecar_core::hop_by_hop::{present, remove_present, strip_hop_by_hop};
 
 /// Behaviour switches of the proxy.
 #[derive(Clone, Debug)]
@@ -93,19 +95,6 @@ impl std::fmt::Debug for Proxy {
             .finish_non_exhaustive()
     }
 }
-
-/// Hop-by-hop headers, never forwarded in either direction.
-static HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
 
 /// Response headers holding absolute URLs the client follows.
 static LINK_HEADERS: [HeaderName; 4] = [
@@ -431,7 +420,7 @@ impl Proxy {
                 Outgoing::Batch(full(upstream), plan)
             }
             // Every part was refused: answer without the upstream.
-            None => Outgoing::Answered(batch::local_response(&plan)),
+            None => Outgoing::Answered(batch::local_response(&plan).map(full)),
         })
     }
 
@@ -702,37 +691,6 @@ fn translate_metadata(
     })
 }
 
-/// A JSON or XML answer the rewriter cannot read as a resource (fail
-/// closed). A body that is not UTF-8, or a success that is not well-formed
-/// (`well_formed`: JSON of another shape than an object, such as an array;
-/// `null` never gets here, it is no document), is refused with a 502: what
-/// cannot be read cannot be translated, and may carry physical names.
-/// Otherwise every token that names a bucket is translated, as in a text
-/// error.
-pub(crate) fn unreadable_answer(
-    status: StatusCode,
-    bytes: &[u8],
-    well_formed: bool,
-    tr: &Translator<'_>,
-    what: &str,
-) -> Result<Vec<u8>, ApiError> {
-    match std::str::from_utf8(bytes) {
-        Ok(text) if well_formed || status.as_u16() >= 400 => {
-            Ok(replace_bucket_tokens(text, |n| tr.bucket_lenient(n))
-                .into_owned()
-                .into_bytes())
-        }
-        _ => Err(ApiError::bad_gateway(format!(
-            "the upstream answered {status} with a {what} body the sidecar cannot read; not forwarded"
-        ))),
-    }
-}
-
-/// Whether `bytes` is JSON of any shape.
-pub(crate) fn is_json(bytes: &[u8]) -> bool {
-    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
-}
-
 /// The request body to send after a rewrite (or the original), with
 /// `Content-Length` set. (A rewritten response leaves its length to hyper,
 /// see `translate_response`; a request cannot: hyper's client sends no
@@ -752,98 +710,6 @@ fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
     );
     strip_hop_by_hop(&mut headers);
     headers
-}
-
-/// Which of `names` `headers` holds, found in one pass over the few
-/// headers a message has: removing or looking up an absent name still
-/// hashes it and probes the map. A header is compared only with the names
-/// of its length; most headers have none.
-fn present<const N: usize>(headers: &HeaderMap, names: [&HeaderName; N]) -> [bool; N] {
-    let lengths = names
-        .iter()
-        .fold(0u64, |mask, name| mask | length_bit(name.as_str().len()));
-    let mut present = [false; N];
-    for name in headers.keys() {
-        if lengths & length_bit(name.as_str().len()) == 0 {
-            continue;
-        }
-        if let Some(i) = names.iter().position(|wanted| *wanted == name) {
-            present[i] = true;
-        }
-    }
-    present
-}
-
-/// A bit for a header name's length in a mask of lengths; names of 63
-/// bytes and more share the last bit.
-fn length_bit(length: usize) -> u64 {
-    1 << length.min(63)
-}
-
-/// Removes the headers `names` from `headers`, only those it holds.
-fn remove_present<const N: usize>(headers: &mut HeaderMap, names: [&HeaderName; N]) {
-    for (name, here) in names.into_iter().zip(present(headers, names)) {
-        if here {
-            headers.remove(name);
-        }
-    }
-}
-
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // `HOP_BY_HOP[0]` is `Connection`, whose list is hop-by-hop too.
-    let present = present(headers, HOP_BY_HOP.each_ref());
-    if !present.contains(&true) {
-        return;
-    }
-    let listed: Vec<HeaderName> = match present[0] {
-        true => connection_listed(headers).collect(),
-        false => Vec::new(),
-    };
-    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, here)| *here) {
-        headers.remove(name);
-    }
-    for name in &listed {
-        headers.remove(name);
-    }
-}
-
-/// The headers the `Connection` header lists: hop-by-hop too.
-fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = HeaderName> + '_ {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-}
-
-/// Whether the client's own `Authorization` reaches the upstream: it is
-/// sent, and not made hop-by-hop by the `Connection` header.
-pub(crate) fn forwards_authorization(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::AUTHORIZATION)
-        && !connection_listed(headers).any(|name| name == header::AUTHORIZATION)
-}
-
-/// The request's host (`Host`, the URI's authority, or else the configured
-/// listen address) and the bucket it names when the request is
-/// virtual-hosted (XML API: `photos.localhost:9023`).
-pub(crate) fn virtual_host<B>(
-    req: &Request<B>,
-    mapping: Option<&Mapping>,
-    listen: SocketAddr,
-) -> (String, Option<String>) {
-    let host = request_host(req).unwrap_or_else(|| listen.to_string());
-    let bucket = mapping.and_then(|m| virtual_host_bucket(&host, |label| m.knows(label)));
-    (host, bucket)
-}
-
-fn request_host<B>(req: &Request<B>) -> Option<String> {
-    req.headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| req.uri().authority().map(|a| a.to_string()))
-        .filter(|h| !h.is_empty())
 }
 
 /// The host name of a `Host` value (`photos.localhost:9023` → `photos.localhost`,
@@ -891,58 +757,6 @@ mod tests {
     }
 
     #[test]
-    fn hop_by_hop_headers_are_stripped_with_those_connection_lists() {
-        assert_eq!(
-            HOP_BY_HOP[0],
-            header::CONNECTION,
-            "strip_hop_by_hop relies on it"
-        );
-        let mut headers = header_map(&[
-            ("connection", "x-secret, keep-alive"),
-            ("keep-alive", "timeout=5"),
-            ("transfer-encoding", "chunked"),
-            ("x-secret", "1"),
-            ("content-type", "application/json"),
-        ]);
-        strip_hop_by_hop(&mut headers);
-        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
-        assert_eq!(left, ["content-type"]);
-
-        let mut headers = header_map(&[("upgrade", "h2c")]);
-        strip_hop_by_hop(&mut headers);
-        assert!(headers.is_empty(), "{headers:?}");
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn present_finds_what_a_plain_search_finds(
-            held in proptest::collection::vec(
-                "connection|keep-alive|te|trailer|upgrade|location|x-goog-upload-url|\
-                 x-goog-generation|transfer-encodinx|content-type|x-[a-z]{60,70}|[a-z-]{1,20}",
-                0..12,
-            ),
-            wanted_long in "x-[a-z]{61,70}",
-        ) {
-            let headers: HeaderMap = held
-                .iter()
-                .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-                .map(|name| (name, HeaderValue::from_static("v")))
-                .collect();
-            let long = HeaderName::from_bytes(wanted_long.as_bytes())
-                .unwrap_or_else(|e| panic!("{wanted_long}: {e}"));
-            let mut names: Vec<&HeaderName> = HOP_BY_HOP.iter().chain(&LINK_HEADERS).collect();
-            names.push(&long);
-            let names: [&HeaderName; 14] = names
-                .try_into()
-                .unwrap_or_else(|n: Vec<_>| panic!("{} names", n.len()));
-            let found = present(&headers, names);
-            for (name, here) in names.iter().zip(found) {
-                proptest::prop_assert_eq!(here, headers.contains_key(*name), "{}", name);
-            }
-        }
-    }
-
-    #[test]
     fn forwarded_requests_lose_host_expect_and_the_method_override() {
         let incoming = header_map(&[
             ("host", "127.0.0.1:9023"),
@@ -956,18 +770,6 @@ mod tests {
         let mut left: Vec<&str> = forwarded.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["authorization", "x-goog-user-project"]);
-    }
-
-    #[test]
-    fn messages_without_hop_by_hop_headers_keep_every_header() {
-        let pairs = [
-            ("content-type", "application/json"),
-            ("x-goog-generation", "1"),
-            ("x-goog-generation", "2"),
-        ];
-        let mut headers = header_map(&pairs);
-        strip_hop_by_hop(&mut headers);
-        assert_eq!(headers, header_map(&pairs));
     }
 
     #[test]

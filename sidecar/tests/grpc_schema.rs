@@ -1,4 +1,4 @@
-//! The sidecar's gRPC bucket-name table (`sidecar/src/grpc/schema.rs`)
+//! The sidecar's gRPC bucket-name table (`sidecar-core/src/grpc/schema.rs`)
 //! is what the vendored protobuf definitions (`sidecar/proto/`) give
 //! (`bucketmap_testkit::grpc_schema` derives it). A stale table fails with
 //! the command that writes it: `cargo dev grpc-schema` (after

@@ -1,4 +1,4 @@
-//! The sidecar's gRPC bucket-name table (`sidecar/src/grpc/schema.rs`),
+//! The sidecar's gRPC bucket-name table (`sidecar-core/src/grpc/schema.rs`),
 //! derived from the vendored protobuf definitions (`sidecar/proto/`).
 //! `cargo dev grpc-schema` writes it (after `tools/grpc/fetch.sh`);
 //! `sidecar/tests/grpc_schema.rs` fails while the checked-in copy is stale.
@@ -397,9 +397,9 @@ fn render(kinds: &Kinds, methods: &[MethodDescriptor], keys: &BTreeMap<String, b
 }
 
 /// Where the table is checked in.
-pub const SCHEMA_PATH: &str = "sidecar/src/grpc/schema.rs";
+pub const SCHEMA_PATH: &str = "sidecar-core/src/grpc/schema.rs";
 
-/// The table as `sidecar/src/grpc/schema.rs` holds it, derived from the
+/// The table as `sidecar-core/src/grpc/schema.rs` holds it, derived from the
 /// vendored protos.
 ///
 /// # Panics

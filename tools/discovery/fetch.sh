@@ -4,11 +4,11 @@
 # google-api-python-client, at the version pinned below.
 #
 # Usage: bash tools/discovery/fetch.sh [VERSION]
-# Writes sidecar/discovery/storage.v1.json and updates the version recorded
-# in sidecar/discovery/README.md. Review the diff, then run
+# Writes sidecar-core/discovery/storage.v1.json and updates the version recorded
+# in sidecar-core/discovery/README.md. Review the diff, then run
 # `cargo test -p bucketmap-sidecar --lib discovery`: a method added upstream
 # fails `every_discovery_method_is_classified` until it is classified in
-# sidecar/src/discovery.rs.
+# sidecar-core/src/discovery.rs.
 set -euo pipefail
 
 package=google-api-python-client
@@ -16,7 +16,7 @@ version="${1:-2.202.0}"
 member=googleapiclient/discovery_cache/documents/storage.v1.json
 
 repo="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)"
-dest="$repo/sidecar/discovery"
+dest="$repo/sidecar-core/discovery"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -31,4 +31,4 @@ with zipfile.ZipFile(wheel) as z, open(out, "wb") as f:
 PY
 revision="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["revision"])' "$dest/storage.v1.json")"
 sed -i -E "s/^(- package: ).*/\1\`$package==$version\` (PyPI)/; s/^(- revision: ).*/\1\`$revision\`/" "$dest/README.md"
-echo "sidecar/discovery/storage.v1.json: $package==$version, revision $revision" >&2
+echo "sidecar-core/discovery/storage.v1.json: $package==$version, revision $revision" >&2

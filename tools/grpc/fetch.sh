@@ -8,7 +8,7 @@
 # Writes sidecar/proto/ (the import closure of the two service files) and
 # records the versions in sidecar/proto/README.md. Then regenerate the table:
 #   cargo dev grpc-schema
-# and review the diff of sidecar/src/grpc/schema.rs; an RPC added upstream
+# and review the diff of sidecar-core/src/grpc/schema.rs; an RPC added upstream
 # fails `every_rpc_is_classified` until it is classified in
 # sidecar/src/grpc/policy.rs.
 set -euo pipefail
@@ -57,7 +57,7 @@ PY
 {
   echo "# Vendored protobuf definitions"
   echo
-  echo "The sidecar's gRPC bucket-name table (\`sidecar/src/grpc/schema.rs\`) is derived"
+  echo "The sidecar's gRPC bucket-name table (\`sidecar-core/src/grpc/schema.rs\`) is derived"
   echo "from these files: \`google.api.resource_reference\`, \`google.api.resource\` and"
   echo "\`google.api.routing\` annotations say which fields hold bucket names. Fetched by"
   echo "\`tools/grpc/fetch.sh\` from Maven Central; do not edit by hand."

@@ -10,49 +10,13 @@
 //! ([`status`]). Deny by default: unknown methods, unknown routing keys,
 //! names the map cannot translate and malformed messages are refused with
 //! a gRPC status before anything is sent upstream.
+//!
+//! The rules without I/O — the method table, the wire walker, the framer,
+//! the routing header — are `bucketmap-sidecar-core`'s, re-exported here.
 
-pub mod frame;
-pub mod headers;
 pub mod layer;
-pub mod resource;
-#[rustfmt::skip]
-#[allow(missing_docs, reason = "generated")]
-pub mod schema;
 pub mod service;
 pub mod status;
 pub mod stream;
-pub mod table;
-pub mod wire;
 
-use std::sync::{Arc, LazyLock};
-
-use crate::mapping::Mapping;
-use crate::rewrite::{Direction, LinkBase, Translator};
-
-/// gRPC messages carry no links: the translator's link base is never used.
-static NO_LINKS: LazyLock<LinkBase> = LazyLock::new(|| LinkBase {
-    scheme: Arc::from(""),
-    authority: Arc::from(""),
-    virtual_host: None,
-});
-
-/// The map in force for one call and the request policy.
-#[derive(Debug)]
-pub struct Names {
-    /// The map of logical to physical names.
-    pub mapping: Arc<Mapping>,
-    /// Accept the physical names of mapped buckets in requests.
-    pub allow_physical: bool,
-}
-
-impl Names {
-    /// A translator of names in `direction`.
-    pub fn translator(&self, direction: Direction) -> Translator<'_> {
-        Translator {
-            mapping: &self.mapping,
-            direction,
-            allow_physical: self.allow_physical,
-            links: &NO_LINKS,
-        }
-    }
-}
+pub use bucketmap_sidecar_core::grpc::{Names, frame, headers, resource, schema, table, wire};

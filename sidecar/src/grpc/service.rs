@@ -14,7 +14,7 @@ use tonic::{Code, Status};
 
 use super::frame::Message;
 use super::schema::RPCS;
-use super::status::{code_in, code_name, rewrite_status_headers};
+use super::status::{code_in, code_name, from_core, rewrite_status_headers};
 use super::stream::{RewriteBody, Side};
 use super::table::Rpc;
 use super::{Names, headers, status};
@@ -169,7 +169,7 @@ impl Rewriter {
             message.payload.clone()
         };
         let translator = self.names.translator(self.direction);
-        match super::wire::rewrite_message(&payload, index, &translator)? {
+        match super::wire::rewrite_message(&payload, index, &translator).map_err(from_core)? {
             None => Ok(message),
             Some(payload) => Ok(Message {
                 compressed: false,
@@ -323,14 +323,14 @@ impl GrpcProxy {
         });
         let deadline = match headers::deadline(req.headers()) {
             Ok(deadline) => deadline.map(|d| tokio::time::Instant::now() + d),
-            Err(status) => return refuse(outcome, &status),
+            Err(status) => return refuse(outcome, &from_core(status)),
         };
         let failed = Slot::default();
         let forwarded = self.forward(rpc, req, &names, &failed);
         let answered = match deadline {
             Some(at) => tokio::time::timeout_at(at, forwarded)
                 .await
-                .unwrap_or_else(|_| Err(headers::deadline_exceeded())),
+                .unwrap_or_else(|_| Err(from_core(headers::deadline_exceeded()))),
             None => forwarded.await,
         };
         match answered {
@@ -401,7 +401,8 @@ impl GrpcProxy {
     {
         let (parts, body) = req.into_parts();
         let mut headers =
-            headers::upstream_headers(parts.headers, &names.translator(Direction::ToPhysical))?;
+            headers::upstream_headers(parts.headers, &names.translator(Direction::ToPhysical))
+                .map_err(from_core)?;
         self.add_credentials(&mut headers).await?;
         let body = match rpc.request {
             None => boxed(body),

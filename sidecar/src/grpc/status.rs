@@ -1,50 +1,31 @@
-//! gRPC statuses: the sidecar's own refusals as trailers-only responses,
-//! upstream statuses with physical names turned back into logical ones, and
-//! the canonical code names used as metric labels.
+//! gRPC statuses on the wire: the sidecar's own refusals as trailers-only
+//! responses, and upstream statuses with physical names turned back into
+//! logical ones. The codes, the refusals' rule and the code names are the
+//! core's ([`bucketmap_sidecar_core::grpc::status`]).
 
 use http::{HeaderMap, HeaderValue, Response, header};
 use tonic::{Code, Status};
 
-use crate::body::{ProxyBody, empty};
-use crate::errors::ApiError;
-use crate::mapping::Mapping;
-use crate::rewrite::text::replace_bucket_tokens;
+use bucketmap_sidecar_core::grpc::status as rules;
+use bucketmap_sidecar_core::grpc::wire::rewrite_status_details;
+use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::rewrite::text::replace_bucket_tokens;
 
-/// The gRPC status of an error the HTTP path would answer with `error`:
-/// 404 → NOT_FOUND, 403 → PERMISSION_DENIED, 503 → UNAVAILABLE, 413 →
-/// RESOURCE_EXHAUSTED, anything else → INVALID_ARGUMENT; the message is kept.
-pub fn status_of(error: &ApiError) -> Status {
-    let code = match error.status.as_u16() {
-        404 => Code::NotFound,
-        403 => Code::PermissionDenied,
-        503 => Code::Unavailable,
-        413 => Code::ResourceExhausted,
-        _ => Code::InvalidArgument,
-    };
-    Status::new(code, error.message.clone())
+use crate::body::{ProxyBody, empty};
+
+/// The core's status as tonic's, which encodes trailers.
+pub fn from_core(status: rules::Status) -> Status {
+    Status::new(from_core_code(status.code()), status.message().to_owned())
+}
+
+/// The core's code as tonic's (the same number).
+fn from_core_code(code: rules::Code) -> Code {
+    Code::from_i32(code as i32)
 }
 
 /// The canonical name of `code` (`NOT_FOUND`), as gRPC tools print it.
 pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
+    rules::code_name(rules::Code::from_i32(code.into()))
 }
 
 /// `status` as trailers (`grpc-status`, `grpc-message`, details).
@@ -80,7 +61,7 @@ pub fn code_in(headers: &HeaderMap) -> Option<Code> {
 /// Turns the physical names in the status carried by `headers` (trailers,
 /// or the headers of a trailers-only response) into logical names: the
 /// message as whole bucket-name tokens, the details through
-/// [`super::wire::rewrite_status_details`]. Other headers are kept.
+/// [`rewrite_status_details`]. Other headers are kept.
 pub fn rewrite_status_headers(headers: &mut HeaderMap, mapping: &Mapping) {
     let Some(status) = Status::from_header_map(headers) else {
         return;
@@ -88,7 +69,7 @@ pub fn rewrite_status_headers(headers: &mut HeaderMap, mapping: &Mapping) {
     let message = replace_bucket_tokens(status.message(), |name| {
         mapping.logical(name).map(str::to_owned)
     });
-    let details = super::wire::rewrite_status_details(status.details(), mapping);
+    let details = rewrite_status_details(status.details(), mapping);
     if matches!(message, std::borrow::Cow::Borrowed(_)) && details.is_none() {
         return;
     }
@@ -103,7 +84,10 @@ pub fn rewrite_status_headers(headers: &mut HeaderMap, mapping: &Mapping) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rewrite::testing::mapping;
+
+    fn mapping() -> Mapping {
+        Mapping::new([("photos".to_owned(), "photos-k3x9q2mw".to_owned())]).unwrap_or_default()
+    }
 
     #[test]
     fn upstream_messages_name_logical_buckets() {

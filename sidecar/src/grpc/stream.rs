@@ -14,6 +14,7 @@ use http_body::{Body, Frame};
 use tonic::Status;
 
 use super::frame::{Decoder, Message};
+use super::status::from_core;
 use crate::body::BoxError;
 
 /// What one direction does with its messages and its end.
@@ -110,12 +111,12 @@ where
                     continue;
                 }
                 Ok(None) => {}
-                Err(status) => return Poll::Ready(Some(self.fail(status))),
+                Err(status) => return Poll::Ready(Some(self.fail(from_core(status)))),
             }
             if let Some(deadline) = self.deadline.as_mut()
                 && deadline.as_mut().poll(cx).is_ready()
             {
-                let status = super::headers::deadline_exceeded();
+                let status = from_core(super::headers::deadline_exceeded());
                 return Poll::Ready(Some(self.fail(status)));
             }
             match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
@@ -134,7 +135,7 @@ where
 
     fn rewrite(&mut self, message: Message) -> Result<(), Status> {
         let message = self.side.message(message)?;
-        self.out.push_back(message.prefix()?);
+        self.out.push_back(message.prefix().map_err(from_core)?);
         if !message.payload.is_empty() {
             self.out.push_back(message.payload);
         }

@@ -15,9 +15,9 @@ use tower::{Layer, Service};
 use super::{Answer, Either};
 use crate::body::{ProxyBody, full};
 use crate::config::INTERNAL_PREFIX;
+use crate::host::virtual_host;
 use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
-use crate::proxy::virtual_host;
 
 /// Health, readiness and metrics.
 #[derive(Clone, Debug)]

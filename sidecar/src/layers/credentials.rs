@@ -16,7 +16,7 @@ use super::refuse::Routed;
 use super::{Answer, BoxFuture, Either, rejection};
 use crate::auth::Auth;
 use crate::errors::ApiError;
-use crate::proxy::forwards_authorization;
+use crate::hop_by_hop::forwards_authorization;
 
 /// Adds credentials to requests without their own.
 #[derive(Clone, Debug)]

@@ -33,7 +33,7 @@ use std::task::{Context, Poll};
 
 use http::Response;
 
-use crate::body::ProxyBody;
+use crate::body::{ProxyBody, full};
 use crate::errors::{ApiError, ErrorStyle};
 
 /// A response and what [`record`] logs and counts of it.
@@ -75,7 +75,7 @@ pub fn rejection(error: ApiError, style: ErrorStyle, operation: &'static str) ->
         message: error.message.clone(),
     };
     Answer {
-        response: error.into_response(style),
+        response: error.into_response(style).map(full),
         operation,
         rejected: Some(rejected),
     }

@@ -20,9 +20,9 @@ use tower::{Layer, Service};
 
 use super::{Answer, Either, rejection};
 use crate::errors::{ApiError, ErrorStyle};
+use crate::host::virtual_host;
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
-use crate::proxy::virtual_host;
 use crate::rewrite::request_bucket_str;
 use crate::route::{Route, route};
 use crate::signing::signature_kind;

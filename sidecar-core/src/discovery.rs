@@ -1,5 +1,5 @@
 //! The JSON API's operations, from Google's discovery document for storage v1
-//! (vendored in `sidecar/discovery/`, see its README for the pinned version).
+//! (vendored in `sidecar-core/discovery/`, see its README for the pinned version).
 //!
 //! `build.rs` turns the document into a `static` table of path templates at
 //! compile time, so the sidecar neither embeds nor parses it at run time. A
@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 
 use http::Method;
 
-use crate::route::Resource;
+use crate::resource::Resource;
 
 /// The vendored discovery document (the tests check the generated table
 /// against it).

@@ -7,9 +7,9 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use super::status::Status;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
-use tonic::Status;
 
 use super::resource::bucket_range;
 use super::schema::ROUTING_KEYS;
@@ -81,7 +81,7 @@ pub fn translate_request_params(value: &str, t: &Translator<'_>) -> Result<Strin
 
 /// The headers sent upstream for a request with `headers`.
 pub fn upstream_headers(mut headers: HeaderMap, t: &Translator<'_>) -> Result<HeaderMap, Status> {
-    crate::proxy::strip_hop_by_hop(&mut headers);
+    crate::hop_by_hop::strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     // Responses come uncompressed, so that their names can be rewritten.
@@ -140,7 +140,7 @@ pub fn deadline_exceeded() -> Status {
 
 /// The response headers sent to the client: hop-by-hop ones dropped.
 pub fn client_headers(mut headers: HeaderMap) -> HeaderMap {
-    crate::proxy::strip_hop_by_hop(&mut headers);
+    crate::hop_by_hop::strip_hop_by_hop(&mut headers);
     headers.remove(header::CONTENT_LENGTH);
     headers
 }
@@ -200,17 +200,23 @@ mod tests {
         let code = |v: &str| request(v, false).map_err(|e| e.code()).err();
         assert_eq!(
             code("bucket=projects/_/buckets/nope"),
-            Some(tonic::Code::NotFound)
+            Some(crate::grpc::status::Code::NotFound)
         );
         assert_eq!(
             code("bucket=projects/_/buckets/photos-k3x9q2mw"),
-            Some(tonic::Code::PermissionDenied)
+            Some(crate::grpc::status::Code::PermissionDenied)
         );
-        assert_eq!(code("name=photos"), Some(tonic::Code::InvalidArgument));
-        assert_eq!(code("bucket=photos"), Some(tonic::Code::InvalidArgument));
+        assert_eq!(
+            code("name=photos"),
+            Some(crate::grpc::status::Code::InvalidArgument)
+        );
+        assert_eq!(
+            code("bucket=photos"),
+            Some(crate::grpc::status::Code::InvalidArgument)
+        );
         assert_eq!(
             code("bucket=projects/_/buckets/a/b"),
-            Some(tonic::Code::InvalidArgument)
+            Some(crate::grpc::status::Code::InvalidArgument)
         );
         assert!(request("bucket=projects/_/buckets/photos-k3x9q2mw", true).is_ok());
     }
@@ -229,7 +235,11 @@ mod tests {
         assert_eq!(at("5u"), Ok(Some(Duration::from_micros(5))));
         assert_eq!(at("7n"), Ok(Some(Duration::from_nanos(7))));
         for bad in ["", "S", "123456789S", "10s", "-1S", "1.5S", "10"] {
-            assert_eq!(at(bad), Err(tonic::Code::InvalidArgument), "{bad:?}");
+            assert_eq!(
+                at(bad),
+                Err(crate::grpc::status::Code::InvalidArgument),
+                "{bad:?}"
+            );
         }
         assert_eq!(deadline(&HeaderMap::new()).ok(), Some(None));
     }

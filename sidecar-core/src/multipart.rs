@@ -79,7 +79,7 @@ pub fn split<'b>(body: &'b [u8], boundary: &str) -> Option<Vec<&'b [u8]>> {
 /// `--B--junk` and `--Bjunk` are content, as Go's mime/multipart and
 /// Python's email read them. `None`: `rest` is too short to tell yet (a
 /// streaming caller waits for more bytes; never when `eof`).
-pub(crate) fn delimiter_line(rest: &[u8], eof: bool) -> Option<bool> {
+pub fn delimiter_line(rest: &[u8], eof: bool) -> Option<bool> {
     let rest = match rest.strip_prefix(b"--") {
         Some(after) => after,
         None if rest == b"-" && !eof => return None,
@@ -102,7 +102,7 @@ pub(crate) fn delimiter_line(rest: &[u8], eof: bool) -> Option<bool> {
 /// folded lines) ended by an empty line. Go's mime/multipart refuses other
 /// header blocks and Python's email reads them differently, so the sidecar
 /// refuses them too.
-pub(crate) fn headers_well_formed(part: &[u8]) -> bool {
+pub fn headers_well_formed(part: &[u8]) -> bool {
     let mut at = 0;
     while let Some(i) = memchr::memchr(b'\n', &part[at..]) {
         let line = &part[at..at + i];

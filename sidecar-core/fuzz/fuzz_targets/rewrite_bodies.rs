@@ -2,13 +2,13 @@
 //! responses, multipart boundaries. None may panic.
 #![no_main]
 
-use bucketmap_sidecar::batch;
-use bucketmap_sidecar::mapping::Mapping;
-use bucketmap_sidecar::multipart;
-use bucketmap_sidecar::rewrite::json::rewrite_json_bytes;
-use bucketmap_sidecar::rewrite::xml::rewrite_xml;
-use bucketmap_sidecar::rewrite::{Direction, LinkBase, Translator};
-use bucketmap_sidecar::route::Resource;
+use bucketmap_sidecar_core::batch;
+use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::multipart;
+use bucketmap_sidecar_core::rewrite::json::rewrite_json_bytes;
+use bucketmap_sidecar_core::rewrite::xml::rewrite_xml;
+use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator};
+use bucketmap_sidecar_core::route::Resource;
 use libfuzzer_sys::fuzz_target;
 
 const HINTS: [Resource; 6] = [

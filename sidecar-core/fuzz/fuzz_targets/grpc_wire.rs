@@ -2,10 +2,10 @@
 //! table, in both directions, and the status-details rewriter. None may panic.
 #![no_main]
 
-use bucketmap_sidecar::grpc::schema::MESSAGES;
-use bucketmap_sidecar::grpc::wire::{rewrite_message, rewrite_status_details};
-use bucketmap_sidecar::mapping::Mapping;
-use bucketmap_sidecar::rewrite::{Direction, LinkBase, Translator};
+use bucketmap_sidecar_core::grpc::schema::MESSAGES;
+use bucketmap_sidecar_core::grpc::wire::{rewrite_message, rewrite_status_details};
+use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 

@@ -5,11 +5,11 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use bucketmap_sidecar::mapping::Mapping;
-use bucketmap_sidecar::rewrite::url::{rewrite_copy_source, rewrite_url};
-use bucketmap_sidecar::rewrite::{Direction, LinkBase, Translator, request_bucket};
-use bucketmap_sidecar::route::{replace_slots, route, virtual_host_bucket};
-use bucketmap_sidecar::signing::signature_kind;
+use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::rewrite::url::{rewrite_copy_source, rewrite_url};
+use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator, request_bucket};
+use bucketmap_sidecar_core::route::{replace_slots, route, virtual_host_bucket};
+use bucketmap_sidecar_core::signing::signature_kind;
 use http::Method;
 use libfuzzer_sys::fuzz_target;
 

@@ -8,11 +8,11 @@
 
 use std::collections::HashMap;
 
-use bucketmap_sidecar::mapping::Mapping;
-use bucketmap_sidecar::rewrite::json::{JsonBody, rewrite_json_body};
-use bucketmap_sidecar::rewrite::strict::is_no_document;
-use bucketmap_sidecar::rewrite::{Direction, LinkBase, Translator};
-use bucketmap_sidecar::route::Resource;
+use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::rewrite::json::{JsonBody, rewrite_json_body};
+use bucketmap_sidecar_core::rewrite::strict::is_no_document;
+use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator};
+use bucketmap_sidecar_core::route::Resource;
 use libfuzzer_sys::fuzz_target;
 use serde_json::value::RawValue;
 

@@ -19,13 +19,13 @@
 
 use std::ops::Range;
 
+use super::status::Status;
 use bytes::{Bytes, BytesMut};
 use prost::DecodeError;
 use prost::encoding::{
     DecodeContext, WireType, decode_key, decode_varint, encode_varint, encoded_len_varint,
     skip_field,
 };
-use tonic::Status;
 
 use super::resource::{bucket_range, expected_shape};
 use super::schema::MESSAGES;
@@ -520,10 +520,10 @@ fn translate_text(value: &[u8], mapping: &Mapping) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use crate::grpc::status::Code;
     use googleapis_tonic_google_storage_v2::google::rpc;
     use googleapis_tonic_google_storage_v2::google::storage::v2 as gcs;
     use prost::Message as _;
-    use tonic::Code;
 
     use super::*;
     use crate::rewrite::LinkBase;

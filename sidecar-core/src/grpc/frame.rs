@@ -10,8 +10,8 @@
 
 use std::collections::VecDeque;
 
+use super::status::Status;
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
-use tonic::Status;
 
 /// Length of the prefix in front of each message.
 pub const PREFIX_LEN: usize = 5;
@@ -207,11 +207,11 @@ mod tests {
         let mut decoder = Decoder::new(10);
         decoder.push(Bytes::from(framed(&[message(false, vec![0; 11])])));
         let e = decoder.next_message().expect_err("too large");
-        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(e.code(), crate::grpc::status::Code::ResourceExhausted);
         let mut decoder = Decoder::new(10);
         decoder.push(Bytes::from_static(&[2, 0, 0, 0, 0]));
         let e = decoder.next_message().expect_err("bad flag");
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.code(), crate::grpc::status::Code::InvalidArgument);
     }
 
     #[test]

@@ -20,6 +20,7 @@ use smallvec::SmallVec;
 use crate::discovery::{self, Class, Segment};
 use crate::errors::ErrorStyle;
 use crate::names::is_valid_bucket_name;
+pub use crate::resource::Resource;
 
 /// The GCS API a request belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,35 +45,6 @@ impl Api {
             _ => ErrorStyle::Json,
         }
     }
-}
-
-/// The JSON resource a metadata body holds, used when the body has no `kind`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resource {
-    /// `storage#bucket`.
-    Bucket,
-    /// `storage#buckets`: a bucket list, whose unmapped buckets may be hidden.
-    Buckets,
-    /// `storage#object`.
-    Object,
-    /// `storage#objects`: an object list.
-    Objects,
-    /// A bucket or object access control entry.
-    Acl,
-    /// A list of access control entries.
-    Acls,
-    /// An IAM policy (`resourceId` names the bucket).
-    Policy,
-    /// A Pub/Sub notification configuration, or a list of them.
-    Notification,
-    /// The answer of `objects.rewrite` (its `resource` is an object).
-    RewriteResponse,
-    /// The body of `objects.compose` (its `destination` is an object).
-    ComposeRequest,
-    /// A long-running operation (`name` holds the bucket's resource name).
-    Operation,
-    /// Unknown: every member that may name a bucket is translated.
-    Generic,
 }
 
 /// How a request body is handled.

@@ -3,8 +3,6 @@
 
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::body::{ProxyBody, full};
-
 /// Which API's error format the client expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorStyle {
@@ -101,7 +99,8 @@ impl ApiError {
 
     /// A request the router refuses: it matches no GCS operation the sidecar
     /// knows how to rewrite (deny by default).
-    pub fn refused_request(error: &crate::route::RouteError) -> Self {
+    /// (`error` is a [`crate::route::RouteError`].)
+    pub fn refused_request(error: &impl std::fmt::Display) -> Self {
         Self::bad_request(format!(
             "bucketmap-sidecar refuses this request: {error}. It forwards only requests that \
              match a known GCS operation exactly, so that every bucket name in them is checked."
@@ -197,13 +196,13 @@ impl ApiError {
         )
     }
 
-    /// The response for `style`.
-    pub fn into_response(self, style: ErrorStyle) -> Response<ProxyBody> {
+    /// The response for `style` (the shell boxes its body).
+    pub fn into_response(self, style: ErrorStyle) -> Response<String> {
         let (content_type, body) = match style {
             ErrorStyle::Json => ("application/json; charset=UTF-8", self.json_body()),
             ErrorStyle::Xml => ("application/xml; charset=UTF-8", self.xml_body()),
         };
-        let mut response = Response::new(full(body));
+        let mut response = Response::new(body);
         *response.status_mut() = self.status;
         response
             .headers_mut()

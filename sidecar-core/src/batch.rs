@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Response, StatusCode, Uri};
 
-use crate::body::{ProxyBody, full};
 use crate::errors::ApiError;
 use crate::multipart::{boundary, find_header, part_headers, split};
 use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
@@ -420,8 +419,8 @@ fn translate_nested_response(
             Ok(JsonBody::Unchanged) => None,
             Ok(JsonBody::Unreadable) | Err(_) => {
                 let status = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
-                let well_formed = crate::proxy::is_json(body);
-                match crate::proxy::unreadable_answer(status, body, well_formed, tr, "JSON") {
+                let well_formed = crate::answer::is_json(body);
+                match crate::answer::unreadable_answer(status, body, well_formed, tr, "JSON") {
                     Ok(new) => Some(new),
                     Err(e) => return Some(error_response(&e)),
                 }
@@ -471,8 +470,9 @@ fn error_response(error: &ApiError) -> Vec<u8> {
     .into_bytes()
 }
 
-/// The answer to a batch whose every part was refused.
-pub fn local_response(plan: &Plan) -> Response<ProxyBody> {
+/// The answer to a batch whose every part was refused (the shell boxes its
+/// body).
+pub fn local_response(plan: &Plan) -> Response<Bytes> {
     let mut body = Vec::new();
     for entry in &plan.entries {
         if let Some(error) = &entry.local {
@@ -482,7 +482,7 @@ pub fn local_response(plan: &Plan) -> Response<ProxyBody> {
         }
     }
     body.extend_from_slice(format!("--{}--\r\n", plan.boundary).as_bytes());
-    let mut response = Response::new(full(Bytes::from(body)));
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = StatusCode::OK;
     if let Ok(value) =
         HeaderValue::from_str(&format!("multipart/mixed; boundary={}", plan.boundary))
