@@ -10,6 +10,7 @@ mod crd;
 mod demo;
 mod dev;
 mod grpc_schema;
+mod module_cycles;
 mod node;
 
 use std::net::SocketAddr;
@@ -60,6 +61,9 @@ enum Command {
     /// Write the sidecar's gRPC bucket-name table (sidecar-core/src/grpc/schema.rs)
     /// derived from the vendored protos (after tools/grpc/fetch.sh).
     GrpcSchema,
+    /// Fail if a module of the sidecar's crates imports a module that
+    /// imports it back, directly or through others.
+    ModuleCycles(module_cycles::ModuleCyclesArgs),
 }
 
 #[tokio::main]
@@ -74,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Chaos(args)) => chaos::chaos(args).await,
         Some(Command::Crd(args)) => crd::run(&args),
         Some(Command::GrpcSchema) => grpc_schema::run(),
+        Some(Command::ModuleCycles(args)) => module_cycles::run(&args),
         Some(Command::Operator(args)) => bucketmap::cli::run(*args).await,
         Some(Command::MockGcs { listen }) => {
             let mock = bucketmap_testkit::mock_gcs::MockGcs::start_on(listen).await?;
