@@ -133,6 +133,9 @@ async fn abandon(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
 
 /// With `forceDestroy`, deletes every object version, save those under
 /// retention: while any is left, the deletion waits (`RetentionLocked`).
+/// A retention policy is never removed to get there, locked or not: it is
+/// the user's promise that no object goes before its time, and deleting
+/// the `Gcs` does not take it back.
 /// Without it, refuses (`DeletionBlocked`) while the bucket holds any.
 async fn empty_bucket(obj: &Gcs, ctx: &Context, bucket: &Bucket) -> Result<()> {
     let physical = bucket.bucket_id.as_str();
@@ -144,7 +147,6 @@ async fn empty_bucket(obj: &Gcs, ctx: &Context, bucket: &Bucket) -> Result<()> {
             "bucket {physical} is not empty: delete its objects (including noncurrent versions) or set spec.forceDestroy: true; the bucket is kept until then"
         )));
     }
-    release_unlocked_retention(obj, ctx, bucket).await?;
     let emptied = ctx.gcs.delete_unretained_objects(physical).await?;
     if emptied.deleted > 0 {
         let deleted = emptied.deleted;
@@ -164,48 +166,20 @@ async fn empty_bucket(obj: &Gcs, ctx: &Context, bucket: &Bucket) -> Result<()> {
     }
 }
 
-/// With `forceDestroy`, an unlocked retention policy is removed first:
-/// unlocked, it binds nobody who may update the bucket, and it would keep
-/// every young object. A locked one stays (GCS never removes it).
-async fn release_unlocked_retention(obj: &Gcs, ctx: &Context, bucket: &Bucket) -> Result<()> {
-    let Some(policy) = bucket.retention_policy.as_ref().filter(|p| !p.is_locked) else {
-        return Ok(());
-    };
-    let physical = bucket.bucket_id.as_str();
-    let seconds = policy
-        .retention_duration
-        .as_ref()
-        .map_or(0, |d| d.seconds());
-    ctx.gcs
-        .update_bucket(
-            physical,
-            Bucket::new(),
-            &["retention_policy"],
-            bucket.metageneration,
-        )
-        .await?;
-    info!(bucket = %physical, seconds, "removed the unlocked retention policy");
-    let note = format!(
-        "forceDestroy: removed the unlocked retention policy ({seconds}s) of bucket {physical} so that its objects can be deleted"
-    );
-    ctx.event(
-        obj,
-        EventType::Normal,
-        "RetentionPolicyRemoved",
-        "DeleteBucket",
-        note,
-    );
-    Ok(())
-}
-
 /// Why the bucket is kept: objects under retention, until when.
 fn retention_message(bucket: &Bucket, retained: usize, emptied: Emptied) -> String {
     let physical = &bucket.bucket_id;
-    let why = match bucket.retention_policy.as_ref().filter(|p| p.is_locked) {
-        Some(p) => format!(
-            "its retention policy is locked at {}s",
-            p.retention_duration.as_ref().map_or(0, |d| d.seconds())
-        ),
+    let why = match bucket.retention_policy.as_ref() {
+        Some(p) => {
+            let seconds = p.retention_duration.as_ref().map_or(0, |d| d.seconds());
+            if p.is_locked {
+                format!("the bucket's retention policy is locked at {seconds}s")
+            } else {
+                format!(
+                    "the bucket's retention policy keeps objects {seconds}s; it is not locked: removing it from the bucket (gcloud storage buckets update --clear-retention-period) lets bucketmap destroy the bucket now, bucketmap does not remove it"
+                )
+            }
+        }
         None => "they carry a retention of their own (object retention)".to_owned(),
     };
     let until = emptied

@@ -225,17 +225,40 @@ async fn reconcile_keeps_a_locked_bucket_until_its_objects_expire_then_deletes_i
 }
 
 #[tokio::test]
-async fn reconcile_removes_an_unlocked_policy_to_force_destroy_young_objects() {
+async fn reconcile_keeps_an_unlocked_policy_and_waits_for_young_objects() {
     let h = Harness::new().await;
     let spec = json!({"bucketName": "photos", "forceDestroy": true,
                       "retentionPolicy": {"retentionPeriodSeconds": 3600}});
     let physical = ready_photos(&h, spec).await;
     h.gcs.put_object(&physical, "young.txt").expect("an object");
+    h.gcs.reset_calls();
     h.delete("photos").await;
+    let err = h
+        .reconcile("photos")
+        .await
+        .expect_err("the young object keeps the bucket");
+    assert!(err.to_string().contains("not locked"), "{err}");
+    assert_eq!(
+        h.gcs.call_count("UpdateBucket") + h.gcs.call_count("DeleteObject"),
+        0,
+        "the policy is not removed, the young object not touched"
+    );
+    let g = h.get("photos").expect("the resource is kept");
+    assert_eq!(g.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+    let ready = ready(&g).expect("a Ready condition");
+    assert_eq!(ready.reason, reason::RETENTION_LOCKED);
+    assert!(
+        ready
+            .message
+            .contains("keeps objects 3600s; it is not locked")
+    );
+    let bucket = h.gcs.bucket(&physical).expect("the bucket is kept");
+    assert!(bucket.retention_policy.is_some(), "the policy is kept");
+
+    age(&h, &physical, "young.txt", 3601);
     h.reconcile("photos").await.expect("the cleanup succeeds");
     assert!(h.gcs.bucket(&physical).is_none(), "the bucket is deleted");
     assert!(h.get("photos").is_none(), "the finalizer was removed");
-    h.event("photos", "RetentionPolicyRemoved").await;
 }
 
 #[tokio::test]
