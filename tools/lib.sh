@@ -55,12 +55,13 @@ cache_root() {
 # holds, runs `BUILD DIR` (a function writing the tool into the empty
 # directory DIR) and publishes DIR as DEST, under the lock. Fails unless
 # `COMPLETE DIR` holds after the build. OVERRIDE names the variable that
-# points at binaries of the user's own instead (for the error without Go).
+# points at binaries of the user's own instead (for the error without Go),
+# or is empty when there is none.
 build_once() {
   local dest=$1 complete=$2 build=$3 override=$4
   "$complete" "$dest" && return 0
 
-  command -v go >/dev/null 2>&1 || die "go is required to build $tool (or set $override)"
+  command -v go >/dev/null 2>&1 || die "go is required to build $tool${override:+ (or set $override)}"
   command -v flock >/dev/null 2>&1 || die "flock (util-linux) is required"
 
   mkdir -p "$(dirname -- "$dest")"

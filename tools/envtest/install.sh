@@ -99,5 +99,6 @@ fi
 
 newest_version="$(pinned_version_in "$newest_dir" k8s.io/kubernetes)"
 newest_assets="$(cache_root)/envtest/k8s-$newest_version-etcd-$etcd_version"
-build_once "$newest_assets" has_assets build_newest KUBEBUILDER_ASSETS
+# No override: KUBEBUILDER_ASSETS names the pinned assets, not these.
+build_once "$newest_assets" has_assets build_newest ""
 printf '%s\n' "$newest_assets"
