@@ -24,6 +24,10 @@
 //!   protobuf wire walker ([`grpc::wire`]: unknown fields kept byte for
 //!   byte), the routing header ([`grpc::headers`]) and gRPC statuses
 //!   ([`grpc::status`]).
+//! - [`policy`]: the one request policy of both protocols: the
+//!   protocol-neutral request model, the decision (forward or refuse) and
+//!   the one refusal type with its table of GCS reasons, HTTP statuses and
+//!   gRPC codes.
 //! - [`mapping`]: the validated logical ↔ physical bijection; [`names`]:
 //!   bucket-name syntax; [`errors`]: the GCS-style errors the sidecar
 //!   answers itself; [`signing`]: signed requests, which a rewrite would
@@ -42,6 +46,7 @@ pub mod hop_by_hop;
 pub mod mapping;
 pub mod multipart;
 pub mod names;
+pub mod policy;
 pub mod resource;
 pub mod rewrite;
 pub mod route;

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 
 use super::status::Status;
+use crate::policy::Refusal;
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 
 /// Length of the prefix in front of each message.
@@ -86,11 +87,7 @@ impl Decoder {
         };
         let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
         if len > self.limit {
-            return Err(Status::resource_exhausted(format!(
-                "a gRPC message of {len} bytes is larger than the sidecar's limit of {} bytes \
-                 (--grpc-max-message-bytes)",
-                self.limit
-            )));
+            return Err(Refusal::grpc_message_too_large(len, self.limit).grpc_status());
         }
         if self.buffered < PREFIX_LEN + len {
             return Ok(None);

@@ -5,6 +5,7 @@
 //! for responses (so that their messages can be read and rewritten).
 
 use std::borrow::Cow;
+use std::ops::Range;
 use std::time::Duration;
 
 use super::status::Status;
@@ -13,7 +14,6 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_perc
 
 use super::resource::bucket_range;
 use super::schema::ROUTING_KEYS;
-use super::status::status_of;
 use super::table::Kind;
 use crate::rewrite::Translator;
 
@@ -32,8 +32,9 @@ const ROUTING_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
-/// Translates the value of routing key `key`, which names a bucket.
-fn translate_value(key: &str, raw: &str, t: &Translator<'_>) -> Result<String, Status> {
+/// The percent-decoded value of routing key `key` (`raw`), which names a
+/// bucket, and where the bucket name is in it.
+fn routing_bucket(key: &str, raw: &str) -> Result<(String, Range<usize>), Status> {
     let invalid = |why: &str| {
         Status::invalid_argument(format!(
             "bucketmap-sidecar cannot read {key}={raw} in {REQUEST_PARAMS}: {why}"
@@ -44,9 +45,42 @@ fn translate_value(key: &str, raw: &str, t: &Translator<'_>) -> Result<String, S
         .map_err(|_| invalid("it is not UTF-8"))?;
     let range = bucket_range(&value, Kind::BucketName)
         .ok_or_else(|| invalid("it is not projects/_/buckets/NAME"))?;
-    let translated = match t.bucket(&value[range.clone()]).map_err(|e| status_of(&e))? {
+    Ok((value.into_owned(), range))
+}
+
+/// Whether routing key `key` names a bucket; a key the sidecar does not
+/// know is refused.
+fn names_bucket(key: &str) -> Result<bool, Status> {
+    ROUTING_KEYS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, bucket)| *bucket)
+        .or_else(|| EXTRA_KEYS.contains(&key).then_some(false))
+        .ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "bucketmap-sidecar does not know the routing key {key:?} in {REQUEST_PARAMS}"
+            ))
+        })
+}
+
+/// The `key=value` pairs of a routing header value: each pair as sent,
+/// its key and its raw value.
+fn pairs(value: &str) -> impl Iterator<Item = (&str, &str, &str)> {
+    value.split('&').filter(|p| !p.is_empty()).map(|pair| {
+        let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        (pair, key, raw)
+    })
+}
+
+/// Translates the value of routing key `key`, which names a bucket.
+fn translate_value(key: &str, raw: &str, t: &Translator<'_>) -> Result<String, Status> {
+    let (value, range) = routing_bucket(key, raw)?;
+    let translated = match t
+        .bucket(&value[range.clone()])
+        .map_err(|e| e.grpc_status())?
+    {
         Some(name) => Cow::Owned(format!("{}{name}", &value[..range.start])),
-        None => Cow::Borrowed(value.as_ref()),
+        None => Cow::Borrowed(value.as_str()),
     };
     if raw.contains('%') {
         Ok(utf8_percent_encode(&translated, ROUTING_VALUE).to_string())
@@ -58,25 +92,33 @@ fn translate_value(key: &str, raw: &str, t: &Translator<'_>) -> Result<String, S
 /// Translates a routing header value: `key=value` pairs joined by `&`.
 pub fn translate_request_params(value: &str, t: &Translator<'_>) -> Result<String, Status> {
     let mut out = Vec::new();
-    for pair in value.split('&').filter(|p| !p.is_empty()) {
-        let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
-        let names_bucket = ROUTING_KEYS
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, bucket)| *bucket)
-            .or_else(|| EXTRA_KEYS.contains(&key).then_some(false))
-            .ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "bucketmap-sidecar does not know the routing key {key:?} in {REQUEST_PARAMS}"
-                ))
-            })?;
-        if names_bucket {
+    for (pair, key, raw) in pairs(value) {
+        if names_bucket(key)? {
             out.push(format!("{key}={}", translate_value(key, raw, t)?));
         } else {
             out.push(pair.to_owned());
         }
     }
     Ok(out.join("&"))
+}
+
+/// The bucket names the routing headers of a call name, in order, as
+/// sent (untranslated): what the request policy checks before the call
+/// goes upstream. A header the sidecar cannot read is refused.
+pub fn routing_buckets(headers: &HeaderMap) -> Result<Vec<String>, Status> {
+    let mut names = Vec::new();
+    for value in headers.get_all(REQUEST_PARAMS) {
+        let text = value.to_str().map_err(|_| {
+            Status::invalid_argument(format!("{REQUEST_PARAMS} is not visible ASCII"))
+        })?;
+        for (_, key, raw) in pairs(text) {
+            if names_bucket(key)? {
+                let (value, range) = routing_bucket(key, raw)?;
+                names.push(value[range].to_owned());
+            }
+        }
+    }
+    Ok(names)
 }
 
 /// The headers sent upstream for a request with `headers`.

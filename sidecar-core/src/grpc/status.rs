@@ -1,8 +1,7 @@
-//! gRPC statuses without a transport: the codes, the sidecar's own refusals
-//! (a code and a message) and the canonical code names used as metric
-//! labels. The shell turns a [`Status`] into trailers (`tonic`'s encoding).
-
-use crate::errors::ApiError;
+//! gRPC statuses without a transport: the codes, the statuses the sidecar
+//! answers or ends a stream with (a code and a message; its refusals come
+//! from [`crate::policy::Refusal::grpc_status`]) and the canonical code
+//! names used as metric labels. The shell turns a [`Status`] into trailers (`tonic`'s encoding).
 
 /// A gRPC status code, with the numbers of `google.rpc.Code`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -152,20 +151,6 @@ impl std::fmt::Display for Status {
 
 impl std::error::Error for Status {}
 
-/// The gRPC status of an error the HTTP path would answer with `error`:
-/// 404 → NOT_FOUND, 403 → PERMISSION_DENIED, 503 → UNAVAILABLE, 413 →
-/// RESOURCE_EXHAUSTED, anything else → INVALID_ARGUMENT; the message is kept.
-pub fn status_of(error: &ApiError) -> Status {
-    let code = match error.status.as_u16() {
-        404 => Code::NotFound,
-        403 => Code::PermissionDenied,
-        503 => Code::Unavailable,
-        413 => Code::ResourceExhausted,
-        _ => Code::InvalidArgument,
-    };
-    Status::new(code, error.message.clone())
-}
-
 /// The canonical name of `code` (`NOT_FOUND`), as gRPC tools print it.
 pub fn code_name(code: Code) -> &'static str {
     code.name()
@@ -192,20 +177,5 @@ mod tests {
         assert_eq!(Code::from_i32(17), Code::Unknown);
         assert_eq!(Code::from_i32(-1), Code::Unknown);
         assert_eq!(code_name(Code::NotFound), "NOT_FOUND");
-    }
-
-    #[test]
-    fn errors_of_the_http_path_keep_their_message() {
-        let status = status_of(&ApiError::unknown_bucket("nope"));
-        assert_eq!(status.code(), Code::NotFound);
-        assert!(status.message().contains("'nope'"), "{status}");
-        assert_eq!(
-            status_of(&ApiError::too_large(1)).code(),
-            Code::ResourceExhausted
-        );
-        assert_eq!(
-            status_of(&ApiError::bad_request("x")).code(),
-            Code::InvalidArgument
-        );
     }
 }

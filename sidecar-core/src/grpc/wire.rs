@@ -29,7 +29,6 @@ use prost::encoding::{
 
 use super::resource::{bucket_range, expected_shape};
 use super::schema::MESSAGES;
-use super::status::status_of;
 use super::table::{Field, Kind, Message};
 use crate::mapping::Mapping;
 use crate::rewrite::text::replace_bucket_tokens;
@@ -384,7 +383,7 @@ impl Walker<'_, '_> {
         let bucket = &text[range.clone()];
         let translated = match self.t.bucket(bucket) {
             Ok(translated) => translated,
-            Err(e) if self.request => return Err(status_of(&e)),
+            Err(e) if self.request => return Err(e.grpc_status()),
             Err(_) => None,
         };
         Ok(match translated {

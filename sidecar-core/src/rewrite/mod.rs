@@ -106,20 +106,14 @@ pub fn request_bucket(
     request_bucket_str(mapping, allow_physical, name).map(str::to_owned)
 }
 
-/// [`request_bucket`], borrowed from the mapping (or from `name`).
+/// [`request_bucket`], borrowed from the mapping (or from `name`): the
+/// policy's one rule for a request's bucket names ([`crate::policy::bucket`]).
 pub fn request_bucket_str<'m>(
     mapping: &'m Mapping,
     allow_physical: bool,
     name: &'m str,
 ) -> Result<&'m str, ApiError> {
-    if let Some(physical) = mapping.physical(name) {
-        return Ok(physical);
-    }
-    match mapping.logical(name) {
-        Some(_) if allow_physical => Ok(name),
-        Some(logical) => Err(ApiError::physical_name_refused(name, logical)),
-        None => Err(ApiError::unknown_bucket(name)),
-    }
+    crate::policy::bucket(mapping, allow_physical, name)
 }
 
 #[cfg(test)]

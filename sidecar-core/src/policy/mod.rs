@@ -1,0 +1,140 @@
+//! The sidecar's request policy, once for both protocols. Each front end
+//! (the HTTP stack's refuse layer, the gRPC service) translates what it
+//! received into a protocol-neutral [`Request`] — the operation, the bucket
+//! names, whether the client's own credentials reach the upstream, and any
+//! refusal its own framing already found — and [`decide`] answers with a
+//! [`Decision`]: forward (with the physical names and whether credentials
+//! are added) or refuse with a [`Refusal`], which each front end renders in
+//! its protocol (an HTTP JSON/XML error, a gRPC status) from one table
+//! ([`refusal::TABLE`]).
+//!
+//! The order of the checks is the order both front ends answered in before
+//! there was one policy: the operation, the framing, the map, the names
+//! (left to right), the credentials.
+//!
+//! | check | refusal | HTTP | gRPC |
+//! |---|---|---|---|
+//! | operation unknown | [`Kind::UnsupportedOperation`] | 400 `invalid` | `UNIMPLEMENTED` |
+//! | framing (signed URL; gRPC not over HTTP/2, bad `grpc-timeout` or routing header) | [`Kind::SignedRequest`], [`Kind::BadRequest`] | 400 `invalid` | `INVALID_ARGUMENT` |
+//! | no map loaded | [`Kind::NotReady`] | 503 `backendNotReady` | `UNAVAILABLE` |
+//! | a name the map does not know | [`Kind::UnknownBucket`] | 404 `notFound` | `NOT_FOUND` |
+//! | a physical name, not allowed | [`Kind::PhysicalName`] | 403 `forbidden` | `PERMISSION_DENIED` |
+//! | no own credentials, ADC configured | forward, credentials added ([`adds_credentials`]) | | |
+//! | the credentials cannot be obtained (the shell's I/O) | [`Kind::CredentialsUnavailable`] | 503 `backendError` | `UNAVAILABLE` |
+
+pub mod refusal;
+
+#[cfg(test)]
+mod tests;
+
+use smallvec::SmallVec;
+
+use crate::mapping::Mapping;
+pub use refusal::{ErrorStyle, Kind, Refusal};
+
+/// The bucket names of one request, on the stack while few.
+pub type Names<'a> = SmallVec<[&'a str; 2]>;
+
+/// A request as the policy sees it, whichever protocol it came in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    /// The operation the request names (`objects.get`,
+    /// `google.storage.v2.Storage/GetObject`), or the refusal of a request
+    /// that names none the sidecar knows.
+    pub operation: Result<&'static str, Refusal>,
+    /// A refusal the front end found in its protocol's framing: a signed
+    /// URL, a gRPC call not over HTTP/2, a bad `grpc-timeout` or routing
+    /// header.
+    pub framing: Option<Refusal>,
+    /// The bucket names the request addresses before its body (path and
+    /// `Host`; the gRPC routing header), left to right. Names in bodies and
+    /// messages are checked by the rewriters with the same rule
+    /// ([`bucket`]).
+    pub buckets: Names<'a>,
+    /// Whether the client's own `Authorization` reaches the upstream.
+    pub credentials: bool,
+}
+
+/// What the policy decides with: the sidecar's state and settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'m> {
+    /// The map in force, if one has been loaded.
+    pub mapping: Option<&'m Mapping>,
+    /// Accept the physical names of mapped buckets.
+    pub allow_physical: bool,
+    /// Whether the sidecar has credentials of its own to add (ADC).
+    pub adc: bool,
+}
+
+/// What happens to a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision<'a> {
+    /// Forward it, rewritten.
+    Forward {
+        /// The operation.
+        operation: &'static str,
+        /// The physical name of each of the request's bucket names, in order.
+        physical: Names<'a>,
+        /// Whether the sidecar adds its own credentials.
+        add_credentials: bool,
+    },
+    /// Answer with this refusal; nothing goes upstream.
+    Refuse(Refusal),
+}
+
+/// Decides what happens to `request` (see the module's table).
+pub fn decide<'a>(request: &Request<'a>, cx: &Context<'a>) -> Decision<'a> {
+    match decide_forward(request, cx) {
+        Ok(decision) => decision,
+        Err(refusal) => Decision::Refuse(refusal),
+    }
+}
+
+fn decide_forward<'a>(request: &Request<'a>, cx: &Context<'a>) -> Result<Decision<'a>, Refusal> {
+    let operation = request.operation.clone()?;
+    if let Some(refusal) = &request.framing {
+        return Err(refusal.clone());
+    }
+    let mapping = ready(cx.mapping)?;
+    let physical = request
+        .buckets
+        .iter()
+        .map(|name| bucket(mapping, cx.allow_physical, name))
+        .collect::<Result<Names<'a>, Refusal>>()?;
+    Ok(Decision::Forward {
+        operation,
+        physical,
+        add_credentials: adds_credentials(request.credentials, cx.adc),
+    })
+}
+
+/// The map in force, or the refusal of a sidecar that has none yet.
+pub fn ready<T>(mapping: Option<T>) -> Result<T, Refusal> {
+    mapping.ok_or_else(Refusal::not_ready)
+}
+
+/// The physical name a request may use for `name`: the mapped physical name
+/// of a logical bucket, or `name` itself if it is a physical name and those
+/// are allowed. Anything else is refused. The one rule for every bucket
+/// name of a request (path, `Host`, routing header, body, message).
+pub fn bucket<'m>(
+    mapping: &'m Mapping,
+    allow_physical: bool,
+    name: &'m str,
+) -> Result<&'m str, Refusal> {
+    if let Some(physical) = mapping.physical(name) {
+        return Ok(physical);
+    }
+    match mapping.logical(name) {
+        Some(_) if allow_physical => Ok(name),
+        Some(logical) => Err(Refusal::physical_name_refused(name, logical)),
+        None => Err(Refusal::unknown_bucket(name)),
+    }
+}
+
+/// Whether the sidecar adds its own credentials to a request: when the
+/// client's own `Authorization` does not reach the upstream and the sidecar
+/// has credentials to add.
+pub fn adds_credentials(own_credentials: bool, adc: bool) -> bool {
+    adc && !own_credentials
+}
