@@ -39,6 +39,11 @@ impl Auth {
         )
     }
 
+    /// Whether there are credentials to add (the policy's `adc`).
+    pub fn adds(&self) -> bool {
+        !matches!(self, Auth::None)
+    }
+
     /// The headers to add to a request that has no `Authorization` header.
     /// Token values are never logged.
     pub async fn headers(&self) -> Result<Option<HeaderMap>, String> {

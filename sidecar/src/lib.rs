@@ -86,5 +86,5 @@ pub mod watch;
 /// The rules without I/O, from `bucketmap-sidecar-core`, under the names
 /// the shell and its tests use.
 pub use bucketmap_sidecar_core::{
-    answer, batch, discovery, errors, hop_by_hop, multipart, names, rewrite, route, signing,
+    answer, batch, discovery, errors, hop_by_hop, multipart, names, policy, rewrite, route, signing,
 };

@@ -1,7 +1,8 @@
 //! Credentials for the upstream: a request whose own `Authorization` does
 //! not reach the upstream (none was sent, or the `Connection` header makes
 //! it hop-by-hop) gets the headers of the configured [`Auth`] (Application
-//! Default Credentials), added by the core where the forwarded headers lack
+//! Default Credentials; the rule is the policy's,
+//! [`crate::policy::adds_credentials`], which the gRPC path applies too), added by the core where the forwarded headers lack
 //! them. A request that carries its own `Authorization` keeps it and costs
 //! no token. Runs after [`super::refuse`]: a refused request never asks for
 //! a token.
@@ -17,6 +18,7 @@ use super::{Answer, BoxFuture, Either, rejection};
 use crate::auth::Auth;
 use crate::errors::ApiError;
 use crate::hop_by_hop::forwards_authorization;
+use crate::policy::adds_credentials;
 
 /// Adds credentials to requests without their own.
 #[derive(Clone, Debug)]
@@ -66,7 +68,8 @@ where
     }
 
     fn call(&mut self, mut routed: Routed<B>) -> Self::Future {
-        if matches!(*self.auth, Auth::None) || forwards_authorization(routed.request.headers()) {
+        let own = forwards_authorization(routed.request.headers());
+        if !adds_credentials(own, self.auth.adds()) {
             return Either::left(self.inner.call(routed));
         }
         let auth = self.auth.clone();

@@ -20,11 +20,12 @@ use tower::{Layer, Service};
 
 use super::{Answer, Either, rejection};
 use crate::errors::{ApiError, ErrorStyle};
+use crate::hop_by_hop::forwards_authorization;
 use crate::host::virtual_host;
 use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
-use crate::rewrite::request_bucket_str;
-use crate::route::{Route, route};
+use crate::policy::{self, Decision};
+use crate::route::{Route, RouteError, route};
 use crate::signing::signature_kind;
 
 /// A request the sidecar can rewrite, with what routing found.
@@ -77,7 +78,9 @@ impl RefuseLayer {
     }
 
     /// The routed request, or why it is refused (counted in
-    /// `refused_requests` when the router refused it).
+    /// `refused_requests` when the router refused it). The decision is the
+    /// policy's ([`policy::decide`]); this front end translates the request
+    /// into the policy's model ([`model`]) and renders the refusal.
     fn check<B>(&self, req: Request<B>) -> Result<Routed<B>, Refusal> {
         let mapping = self.mapping.current();
         let (host, bucket) = virtual_host(&req, mapping.as_deref(), self.listen);
@@ -86,18 +89,36 @@ impl RefuseLayer {
             self.metrics.refused("method_override");
             Refusal::new(error, guess_style(path), "unrouted")
         })?;
-        let routed = route(&method, path, query, bucket.as_deref()).map_err(|e| {
+        let routed = route(&method, path, query, bucket.as_deref());
+        if let Err(e) = &routed {
             self.metrics.refused(e.reason());
-            Refusal::new(ApiError::refused_request(&e), guess_style(path), "unrouted")
-        })?;
-        let refuse = |error| Refusal::new(error, routed.api.error_style(), routed.operation);
-        if let Some(kind) = signature_kind(query, req.headers()) {
-            return Err(refuse(ApiError::signed_request(kind)));
         }
-        let mapping = mapping.ok_or_else(|| refuse(ApiError::not_ready()))?;
-        let upstream_path =
-            physical_path(&routed, &mapping, self.allow_physical_names, path, query)
-                .map_err(refuse)?;
+        let cx = policy::Context {
+            mapping: mapping.as_deref(),
+            allow_physical: self.allow_physical_names,
+            // Credentials are the next layer's ([`super::credentials`]).
+            adc: false,
+        };
+        let (style, operation) = match &routed {
+            Ok(routed) => (routed.api.error_style(), routed.operation),
+            Err(_) => (guess_style(path), "unrouted"),
+        };
+        let refuse = |error| Refusal::new(error, style, operation);
+        let decision = policy::decide(&model(&routed, query, req.headers()), &cx);
+        let upstream_path = match (&routed, decision) {
+            (Ok(routed), Decision::Forward { physical, .. }) => {
+                physical_path(routed, &physical, path, query).map_err(refuse)?
+            }
+            (_, Decision::Refuse(error)) => return Err(refuse(error)),
+            // The policy forwards routed requests only.
+            (Err(e), Decision::Forward { .. }) => {
+                return Err(refuse(ApiError::refused_request(e)));
+            }
+        };
+        // The policy forwards only with a map.
+        let (Ok(routed), Some(mapping)) = (routed, mapping) else {
+            return Err(refuse(ApiError::not_ready()));
+        };
         Ok(Routed {
             request: req,
             route: routed,
@@ -107,6 +128,32 @@ impl RefuseLayer {
             upstream_path,
             credentials: None,
         })
+    }
+}
+
+/// The HTTP front end's request as the policy's model: the routed
+/// operation (or the router's refusal), a signed URL or HMAC signature as a
+/// refusal of the framing, the bucket names of the `Host` and the path, and
+/// whether the client's own `Authorization` reaches the upstream.
+pub fn model<'a>(
+    routed: &'a Result<Route, RouteError>,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> policy::Request<'a> {
+    let credentials = forwards_authorization(headers);
+    match routed {
+        Err(e) => policy::Request {
+            operation: Err(ApiError::refused_request(e)),
+            framing: None,
+            buckets: policy::Names::new(),
+            credentials,
+        },
+        Ok(routed) => policy::Request {
+            operation: Ok(routed.operation),
+            framing: signature_kind(query, headers).map(ApiError::signed_request),
+            buckets: routed.bucket_names().collect(),
+            credentials,
+        },
     }
 }
 
@@ -169,25 +216,33 @@ where
     }
 }
 
-/// The upstream path: the raw path with each bucket segment replaced by the
-/// physical name (virtual-hosted requests become path style), the raw query.
+/// The upstream path: the raw path with each bucket segment replaced by its
+/// physical name (`physical`, as the policy decided: the `Host`'s bucket
+/// first, then the path's, left to right; virtual-hosted requests become
+/// path style), the raw query.
 fn physical_path(
     routed: &Route,
-    mapping: &Mapping,
-    allow: bool,
+    physical: &[&str],
     path: &str,
     query: Option<&str>,
 ) -> Result<PathAndQuery, ApiError> {
+    let mut physical = physical.iter();
     // Room for the path, longer bucket names, and the query.
     let mut out = String::with_capacity(path.len() + 64 + query.map_or(0, |q| q.len() + 1));
-    if let Some(bucket) = &routed.virtual_host {
+    if routed.virtual_host.is_some() {
         // Virtual-hosted style becomes path style: `/{bucket}{path}`, and
         // `/{bucket}` for the bucket itself.
         out.push('/');
-        out.push_str(request_bucket_str(mapping, allow, bucket)?);
+        out.push_str(physical.next().copied().unwrap_or_default());
     }
     if routed.virtual_host.is_none() || path != "/" {
-        push_physical_path(&mut out, routed, mapping, allow, path)?;
+        let mut at = 0;
+        for slot in &routed.buckets {
+            out.push_str(&path[at..slot.range.start]);
+            out.push_str(physical.next().copied().unwrap_or_default());
+            at = slot.range.end;
+        }
+        out.push_str(&path[at..]);
     }
     if let Some(query) = query {
         out.push('?');
@@ -195,24 +250,6 @@ fn physical_path(
     }
     PathAndQuery::try_from(out)
         .map_err(|e| ApiError::bad_request(format!("cannot build the upstream path: {e}")))
-}
-
-/// Appends `path` with each bucket slot replaced by its physical name.
-fn push_physical_path(
-    out: &mut String,
-    routed: &Route,
-    mapping: &Mapping,
-    allow: bool,
-    path: &str,
-) -> Result<(), ApiError> {
-    let mut at = 0;
-    for slot in &routed.buckets {
-        out.push_str(&path[at..slot.range.start]);
-        out.push_str(request_bucket_str(mapping, allow, &slot.name)?);
-        at = slot.range.end;
-    }
-    out.push_str(&path[at..]);
-    Ok(())
 }
 
 /// The header some clients (Google's Java client on `HttpURLConnection`) use
