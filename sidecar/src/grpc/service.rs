@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version, header};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tonic::{Code, Status};
 
@@ -21,11 +21,14 @@ use super::{Names, headers, status};
 use crate::auth::Auth;
 use crate::body::{BoxError, ProxyBody, boxed, empty};
 use crate::config::UpstreamHttp;
+use crate::hop_by_hop::forwards_authorization;
 use crate::layers::{Answer, Rejected};
 use crate::mapping::MappingStore;
 use crate::metrics::{GrpcLabels, Metrics};
+use crate::policy::{self, Decision};
 use crate::rewrite::Direction;
 use crate::upstream::{UpstreamClient, build_client};
+use bucketmap_sidecar_core::grpc::status::Status as CoreStatus;
 
 /// The HTTP/2 client of the gRPC upstream: one multiplexed connection.
 pub type GrpcClient = UpstreamClient;
@@ -271,6 +274,40 @@ fn refuse(mut outcome: Outcome, status: &Status) -> Answer {
     }
 }
 
+/// A refusal of the policy as the status this front end answers with.
+fn refused(refusal: &policy::Refusal) -> Status {
+    from_core(refusal.grpc_status())
+}
+
+/// The gRPC front end's call as the policy's model: the method (an unknown
+/// one refused), a call not over HTTP/2 or with a `grpc-timeout` or routing
+/// header the sidecar cannot read as a refusal of the framing, the bucket
+/// names of the routing header (`routing`; the messages' names are checked
+/// by the wire walker with the policy's rule), and whether the client's
+/// own `Authorization` reaches the upstream.
+pub fn model<'a, B>(
+    req: &Request<B>,
+    rpc: Option<&'static Rpc>,
+    deadline: &Result<Option<std::time::Duration>, CoreStatus>,
+    routing: &'a Result<Vec<String>, CoreStatus>,
+) -> policy::Request<'a> {
+    let path = req.uri().path();
+    let framing = if req.version() != Version::HTTP_2 {
+        Some(policy::Refusal::grpc_not_http2(path, &req.version()))
+    } else {
+        let unreadable = deadline.as_ref().err().or(routing.as_ref().err());
+        unreadable.map(|status| policy::Refusal::bad_request(status.message()))
+    };
+    policy::Request {
+        operation: rpc
+            .map(|rpc| rpc.path)
+            .ok_or_else(|| policy::Refusal::unknown_grpc_method(path)),
+        framing,
+        buckets: routing.iter().flatten().map(String::as_str).collect(),
+        credentials: forwards_authorization(req.headers()),
+    }
+}
+
 impl GrpcProxy {
     /// The gRPC path forwarding to `settings.upstream` with `client`.
     pub fn new(
@@ -289,44 +326,41 @@ impl GrpcProxy {
         }
     }
 
-    /// Serves one gRPC call.
+    /// Serves one gRPC call. The decision is the policy's
+    /// ([`policy::decide`]); this front end translates the call into the
+    /// policy's model ([`model`]) and renders the refusal as a status.
     pub async fn call<B>(self: Arc<Self>, req: Request<B>) -> Answer
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError> + std::fmt::Display,
     {
-        let path = req.uri().path();
-        let Some(rpc) = find_rpc(path) else {
-            let outcome = self.outcome("unknown");
-            let status = Status::unimplemented(format!(
-                "bucketmap-sidecar does not know the gRPC method {path}: it forwards only the \
-                 methods of google.storage.v2.Storage and google.storage.control.v2.StorageControl \
-                 whose bucket names it can rewrite"
-            ));
-            return refuse(outcome, &status);
+        let rpc = find_rpc(req.uri().path());
+        let outcome = self.outcome(rpc.map_or("unknown", |rpc| &rpc.path[1..]));
+        let mapping = self.mapping.current();
+        let deadline = headers::deadline(req.headers());
+        let routing = headers::routing_buckets(req.headers());
+        let cx = policy::Context {
+            mapping: mapping.as_deref(),
+            allow_physical: self.settings.allow_physical_names,
+            adc: self.auth.adds(),
         };
-        let outcome = self.outcome(&rpc.path[1..]);
-        if req.version() != Version::HTTP_2 {
-            let status = Status::invalid_argument(format!(
-                "gRPC needs HTTP/2; {path} came over {:?}",
-                req.version()
-            ));
-            return refuse(outcome, &status);
-        }
-        let Some(mapping) = self.mapping.current() else {
-            let status = Status::unavailable("bucketmap-sidecar has not loaded its bucket map yet");
-            return refuse(outcome, &status);
+        let add_credentials = match policy::decide(&model(&req, rpc, &deadline, &routing), &cx) {
+            Decision::Forward {
+                add_credentials, ..
+            } => add_credentials,
+            Decision::Refuse(refusal) => return refuse(outcome, &refused(&refusal)),
+        };
+        let (Some(rpc), Some(mapping), Ok(deadline)) = (rpc, mapping, deadline) else {
+            // The policy forwards known methods with a map and a deadline only.
+            return refuse(outcome, &refused(&policy::Refusal::not_ready()));
         };
         let names = Arc::new(Names {
             mapping,
             allow_physical: self.settings.allow_physical_names,
         });
-        let deadline = match headers::deadline(req.headers()) {
-            Ok(deadline) => deadline.map(|d| tokio::time::Instant::now() + d),
-            Err(status) => return refuse(outcome, &from_core(status)),
-        };
+        let deadline = deadline.map(|d| tokio::time::Instant::now() + d);
         let failed = Slot::default();
-        let forwarded = self.forward(rpc, req, &names, &failed);
+        let forwarded = self.forward(rpc, req, &names, &failed, add_credentials);
         let answered = match deadline {
             Some(at) => tokio::time::timeout_at(at, forwarded)
                 .await
@@ -346,12 +380,15 @@ impl GrpcProxy {
         req: Request<B>,
         names: &Arc<Names>,
         failed: &Slot,
+        add_credentials: bool,
     ) -> Result<Response<hyper::body::Incoming>, Status>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError> + std::fmt::Display,
     {
-        let upstream = self.upstream_request(rpc, req, names, failed).await?;
+        let upstream = self
+            .upstream_request(rpc, req, names, failed, add_credentials)
+            .await?;
         self.client.send(upstream).await.map_err(|e| {
             failed.take().unwrap_or_else(|| {
                 Status::unavailable(format!(
@@ -394,6 +431,7 @@ impl GrpcProxy {
         req: Request<B>,
         names: &Arc<Names>,
         failed: &Slot,
+        add_credentials: bool,
     ) -> Result<Request<ProxyBody>, Status>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
@@ -403,7 +441,9 @@ impl GrpcProxy {
         let mut headers =
             headers::upstream_headers(parts.headers, &names.translator(Direction::ToPhysical))
                 .map_err(from_core)?;
-        self.add_credentials(&mut headers).await?;
+        if add_credentials {
+            self.add_credentials(&mut headers).await?;
+        }
         let body = match rpc.request {
             None => boxed(body),
             Some(_) => {
@@ -432,16 +472,12 @@ impl GrpcProxy {
         Ok(request)
     }
 
-    /// Adds the configured credentials unless the call carries its own.
+    /// Adds the configured credentials (the policy decided the call needs
+    /// them: its own `Authorization` does not reach the upstream).
     async fn add_credentials(&self, headers: &mut HeaderMap) -> Result<(), Status> {
-        if headers.contains_key(header::AUTHORIZATION) {
-            return Ok(());
-        }
         let extra = self.auth.headers().await.map_err(|detail| {
             tracing::warn!(error = %detail, "cannot obtain credentials");
-            Status::unavailable(format!(
-                "bucketmap-sidecar cannot obtain credentials for the upstream: {detail}"
-            ))
+            refused(&policy::Refusal::credentials_unavailable(&detail))
         })?;
         for (name, value) in extra.iter().flatten() {
             if !headers.contains_key(name) {
