@@ -83,6 +83,9 @@ pub mod upload;
 pub mod upstream;
 pub mod watch;
 
+#[cfg(test)]
+mod policy_tests;
+
 /// The rules without I/O, from `bucketmap-sidecar-core`, under the names
 /// the shell and its tests use.
 pub use bucketmap_sidecar_core::{
