@@ -332,6 +332,15 @@ pub struct Emptied {
     pub retained: usize,
     /// When the last of them may go (seconds since the epoch).
     pub retained_until: Option<i64>,
+    /// Object versions left because they are on hold (temporary or
+    /// event-based): they go when someone releases the hold.
+    pub held: usize,
+}
+
+/// Whether `object` is on hold: GCS refuses to delete it until the hold
+/// is released, whatever its age.
+pub fn on_hold(object: &Object) -> bool {
+    object.temporary_hold || object.event_based_hold == Some(true)
 }
 
 /// When `object` may be deleted (seconds since the epoch), if that is
@@ -352,9 +361,10 @@ pub fn retained_until(object: &Object, now: i64) -> Option<i64> {
 
 impl GcsClient {
     /// Deletes every object version of `bucket` whose retention has
-    /// expired (all of them when none has any), a page at a time with a few
-    /// deletions in flight, and counts those it must leave: they would be
-    /// refused (PERMISSION_DENIED) until their retention expires.
+    /// expired (all of them when none has any) and that is on no hold, a
+    /// page at a time with a few deletions in flight, and counts those it
+    /// must leave: they would be refused (PERMISSION_DENIED) until their
+    /// retention expires or their hold is released.
     pub async fn delete_unretained_objects(&self, bucket: &str) -> GcsResult<Emptied> {
         use futures::{StreamExt, TryStreamExt};
         let now = unix_now();
@@ -372,8 +382,10 @@ impl GcsClient {
                 return Ok(emptied);
             };
             let page = self.record("ListObjects", bucket, started, page)?;
-            let (kept, gone): (Vec<Object>, Vec<Object>) = page
-                .objects
+            let (held, rest): (Vec<Object>, Vec<Object>) =
+                page.objects.into_iter().partition(on_hold);
+            emptied.held += held.len();
+            let (kept, gone): (Vec<Object>, Vec<Object>) = rest
                 .into_iter()
                 .partition(|o| retained_until(o, now).is_some());
             let until = kept.iter().filter_map(|o| retained_until(o, now)).max();

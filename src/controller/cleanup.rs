@@ -132,7 +132,8 @@ async fn abandon(obj: &Gcs, ctx: &Context, physical: &str) -> Result<()> {
 }
 
 /// With `forceDestroy`, deletes every object version, save those under
-/// retention: while any is left, the deletion waits (`RetentionLocked`).
+/// retention or on hold: while any is left, the deletion waits
+/// (`RetentionLocked`).
 /// A retention policy is never removed to get there, locked or not: it is
 /// the user's promise that no object goes before its time, and deleting
 /// the `Gcs` does not take it back.
@@ -158,12 +159,26 @@ async fn empty_bucket(obj: &Gcs, ctx: &Context, bucket: &Bucket) -> Result<()> {
             format!("forceDestroy: deleted {deleted} object versions from bucket {physical}"),
         );
     }
-    match emptied.retained {
-        0 => Ok(()),
-        retained => Err(Error::RetentionLocked(retention_message(
-            bucket, retained, emptied,
-        ))),
+    match (emptied.retained, emptied.held) {
+        (0, 0) => Ok(()),
+        (0, held) => Err(Error::RetentionLocked(hold_message(bucket, held))),
+        (retained, held) => {
+            let mut message = retention_message(bucket, retained, emptied);
+            if held > 0 {
+                message = format!("{message}. {}", hold_message(bucket, held));
+            }
+            Err(Error::RetentionLocked(message))
+        }
     }
+}
+
+/// Why the bucket is kept: objects on hold, which nothing but their
+/// release lets go.
+fn hold_message(bucket: &Bucket, held: usize) -> String {
+    format!(
+        "bucket {} cannot be destroyed while objects are on hold: {held} object versions have a temporary or event-based hold; bucketmap does not release holds: release them (gcloud storage objects update --no-temporary-hold / --no-event-based-hold) and the deletion goes on",
+        bucket.bucket_id
+    )
 }
 
 /// Why the bucket is kept: objects under retention, until when.

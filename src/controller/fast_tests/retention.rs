@@ -290,3 +290,52 @@ async fn reconcile_creates_object_retention_and_reports_a_bucket_without_it() {
     );
     assert_eq!(gcs_writes(&h), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn reconcile_leaves_held_objects_and_waits_for_their_release() {
+    let h = Harness::new().await;
+    let spec = json!({"bucketName": "photos", "forceDestroy": true});
+    let physical = ready_photos(&h, spec).await;
+    for name in ["temporary.txt", "event.txt", "free.txt"] {
+        h.gcs.put_object(&physical, name).expect("an object");
+    }
+    h.gcs
+        .modify_objects(&physical, "temporary.txt", |o| o.temporary_hold = true);
+    h.gcs
+        .modify_objects(&physical, "event.txt", |o| o.event_based_hold = Some(true));
+    h.gcs.reset_calls();
+    h.delete("photos").await;
+    let err = h
+        .reconcile("photos")
+        .await
+        .expect_err("the held objects keep the bucket");
+    assert!(matches!(err, Error::RetentionLocked(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains("2 object versions have a temporary or event-based hold")
+    );
+    let deletes: Vec<_> = h
+        .gcs
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "DeleteObject")
+        .collect();
+    assert_eq!(deletes.len(), 1, "only the free object: {deletes:?}");
+    assert!(deletes.iter().all(|c| c.code == Code::Ok), "{deletes:?}");
+    let g = h.get("photos").expect("the resource is kept");
+    assert_eq!(g.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+    assert_eq!(
+        ready(&g).map(|c| c.reason),
+        Some(reason::RETENTION_LOCKED.to_owned())
+    );
+
+    for name in ["temporary.txt", "event.txt"] {
+        h.gcs.modify_objects(&physical, name, |o| {
+            o.temporary_hold = false;
+            o.event_based_hold = Some(false);
+        });
+    }
+    h.reconcile("photos").await.expect("the cleanup succeeds");
+    assert!(h.gcs.bucket(&physical).is_none(), "the bucket is deleted");
+    assert!(h.get("photos").is_none(), "the finalizer was removed");
+}

@@ -67,12 +67,19 @@ pub(crate) fn with_retention_expiry(
     object
 }
 
-/// PERMISSION_DENIED while `object` may not be deleted yet: younger than
-/// `bucket`'s retention period, or under its own retention.
+/// PERMISSION_DENIED while `object` may not be deleted yet: on hold
+/// (temporary or event-based), younger than `bucket`'s retention period,
+/// or under its own retention.
 pub(crate) fn check_deletable(
     bucket: &proto::Bucket,
     object: &proto::Object,
 ) -> Result<(), Status> {
+    if object.temporary_hold || object.event_based_hold == Some(true) {
+        return Err(Status::permission_denied(format!(
+            "Object '{}/{}' is under active Event-Based hold or Temporary hold and cannot be deleted, overwritten or archived until the hold is removed",
+            bucket.bucket_id, object.name
+        )));
+    }
     let now = now();
     let own = object.retention.as_ref().and_then(|r| r.retain_until_time);
     let until = [policy_expiry(bucket, object), own]

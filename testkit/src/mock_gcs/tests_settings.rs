@@ -610,3 +610,26 @@ async fn object_retention_is_enabled_at_creation_only_and_holds_objects() -> any
     assert_eq!(handle.objects("kept").len(), 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_held_object_cannot_be_deleted_until_its_hold_is_released() -> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let handle = mock.handle();
+    let client = client(&mock).await?;
+    create(&client, "held", Bucket::new()).await?;
+    let object = handle.put_object("held", "a.txt")?;
+    for temporary in [true, false] {
+        handle.modify_objects("held", "a.txt", |o| {
+            o.temporary_hold = temporary;
+            o.event_based_hold = Some(!temporary);
+        });
+        let (code, message) =
+            refusal(delete_object(&client, "held", "a.txt", object.generation).await);
+        assert_eq!(code, Code::PermissionDenied, "temporary hold: {temporary}");
+        assert!(message.contains("hold"), "{message}");
+    }
+    handle.modify_objects("held", "a.txt", |o| o.event_based_hold = Some(false));
+    delete_object(&client, "held", "a.txt", object.generation).await?;
+    assert!(handle.objects("held").is_empty(), "released, then deleted");
+    Ok(())
+}
