@@ -699,18 +699,7 @@ fn report_locked_retention(
     let message = format!(
         "bucket {physical}: {conflict}; GCS never shortens, removes or unlocks a locked retention policy, so bucketmap keeps it as it is: set spec.retentionPolicy to at least the locked period with isLocked: true"
     );
-    let current = status.current(RETENTION_POLICY_LOCKED);
-    if current.is_none_or(|c| c.message != message) {
-        ctx.event(
-            request.obj,
-            EventType::Warning,
-            RETENTION_POLICY_LOCKED,
-            "UpdateBucket",
-            message.clone(),
-        );
-    }
-    let value = (true, RETENTION_POLICY_LOCKED, message);
-    status.condition(RETENTION_POLICY_LOCKED, Some(value));
+    warn_condition(ctx, status, request, RETENTION_POLICY_LOCKED, message);
 }
 
 /// The `ImmutableSettingsDiffer` condition, and a warning when it appears
@@ -737,18 +726,25 @@ fn report_immutable_drift(
         "bucket {physical} differs from the spec in settings GCS fixes when a bucket is created ({}); bucketmap never re-creates a bucket to change them: to get a bucket with these settings, create a new Gcs resource",
         differences.join("; ")
     );
-    let current = status.current(IMMUTABLE_SETTINGS_DIFFER);
+    warn_condition(ctx, status, request, IMMUTABLE_SETTINGS_DIFFER, message);
+}
+
+/// Sets condition `kind` true (its reason is its type) with `message`,
+/// and warns with an event when it appears or its message changes, so
+/// that a difference that persists is reported once.
+fn warn_condition(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    kind: &'static str,
+    message: String,
+) {
+    let current = status.current(kind);
     if current.is_none_or(|c| c.message != message) {
-        ctx.event(
-            request.obj,
-            EventType::Warning,
-            IMMUTABLE_SETTINGS_DIFFER,
-            "UpdateBucket",
-            message.clone(),
-        );
+        let note = message.clone();
+        ctx.event(request.obj, EventType::Warning, kind, "UpdateBucket", note);
     }
-    let value = (true, IMMUTABLE_SETTINGS_DIFFER, message);
-    status.condition(IMMUTABLE_SETTINGS_DIFFER, Some(value));
+    status.condition(kind, Some((true, kind, message)));
 }
 
 /// The `Adopted` condition and event: the bucket, and every setting the
