@@ -5,8 +5,9 @@
 //! `deletionPolicy: Orphan` or `Abandon`, some buckets given an object,
 //! with and without `forceDestroy`) are created, then deleted, while:
 //! - the operator runs as two `--leader-elect` replicas, separate
-//!   processes, and at random moments one is SIGKILLed (the Lease holder
-//!   every other time) and started again (`replicas`);
+//!   processes, and at random points of the progress (resources Ready,
+//!   then gone) one is SIGKILLed (the Lease holder every other time) and
+//!   started again (`replicas`);
 //! - the mock GCS answers random UNAVAILABLE, RESOURCE_EXHAUSTED and
 //!   DEADLINE_EXCEEDED, loses answers after committing, and adds latency
 //!   (seeded `RandomFaults`); one fault of each kind is scripted on the
@@ -56,12 +57,10 @@ pub struct ChaosArgs {
     /// GCP projects they are spread over.
     #[arg(long, default_value_t = 3)]
     pub projects: usize,
-    /// SIGKILLs of a random operator replica.
+    /// SIGKILLs of an operator replica, each at a random point of the
+    /// run's progress.
     #[arg(long, default_value_t = 10)]
     pub kills: u32,
-    /// Longest pause between two kills (each is random, from a second up).
-    #[arg(long, default_value = "8s", value_parser = humantime::parse_duration)]
-    pub kill_interval: Duration,
     /// Probability of each injected GCS error kind per call (UNAVAILABLE,
     /// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, lost answer after a change).
     #[arg(long, default_value_t = 0.03)]
@@ -143,7 +142,7 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
     let foreign = foreign_buckets(&world.gcs(), &projects, &mut rng)?;
     let plan = plan::plan(&mut rng, args.resources, &world.namespaces, &projects);
     print_plan(args, &plan);
-    let (replicas, log_dir, kill_plan) = start_replicas(args, &world, &mut rng).await?;
+    let (replicas, log_dir, kill_plan) = start_replicas(args, &world, &plan, &mut rng).await?;
     for fault in scripted_faults() {
         world.gcs().add_fault(fault);
     }
@@ -337,6 +336,7 @@ fn write_tenancy_policy(
 async fn start_replicas(
     args: &ChaosArgs,
     world: &Run,
+    plan: &[Planned],
     rng: &mut fastrand::Rng,
 ) -> anyhow::Result<(Replicas, std::path::PathBuf, KillPlan)> {
     let log_dir = std::env::temp_dir().join(format!("bucketmap-chaos-{}", std::process::id()));
@@ -351,18 +351,25 @@ async fn start_replicas(
         tenancy_policy: write_tenancy_policy(args, &log_dir)?,
         log_dir,
     };
-    let plan = KillPlan {
-        kills: args.kills,
-        interval: Duration::from_secs(1)..=args.kill_interval.max(Duration::from_secs(1)),
-        seed: rng.u64(..),
-    };
+    let plan = KillPlan::new(args.kills, kill_range(plan), rng.u64(..));
     println!(
         "operator replica logs (kept if the run fails): {}",
         spec.log_dir.display()
     );
     let log_dir = spec.log_dir.clone();
-    let replicas = Replicas::start(spec, plan.clone(), world.client.clone());
+    let progress = world.watch.progress();
+    let replicas = Replicas::start(spec, plan.clone(), progress, world.client.clone());
     Ok((replicas, log_dir, plan))
+}
+
+/// Where in the progress the kills fall: each resource counts once when
+/// Ready and once when gone, and the blocked ones go only after the
+/// deletes checkpoint. The kills fall between a tenth and nine tenths of
+/// the progress reachable before that checkpoint, so that work is left
+/// after each one.
+fn kill_range(plan: &[Planned]) -> std::ops::RangeInclusive<usize> {
+    let reachable = 2 * plan.len() - plan.iter().filter(|p| p.blocked()).count();
+    (reachable / 10).max(1)..=(reachable * 9 / 10).max(1)
 }
 
 /// The three checkpoints; a checkpoint not reached in time is a violation

@@ -2,7 +2,7 @@
 //! `Gcs`), and snapshots of the resources, the mock's buckets, the bucket
 //! maps and the binding Secrets as a [`World`] for the checks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
@@ -22,44 +22,105 @@ use super::check::{SeenBucket, SeenResource, World};
 /// whose Ready flips False and back while the watch is away (the API
 /// server restart) is missed, so the count is a lower bound.
 pub struct ReadyWatch {
-    transitions: Arc<Mutex<HashMap<String, u32>>>,
+    seen: Arc<Mutex<Seen>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What the watch has seen so far.
+#[derive(Default)]
+struct Seen {
+    /// Transitions into Ready, by uid.
+    transitions: HashMap<String, u32>,
+    /// Uids deleted (a delete event, or absent from a re-list).
+    gone: HashSet<String>,
+    /// Whether each present uid is Ready now.
+    ready_now: HashMap<String, bool>,
+    /// Uids listed by the re-list under way.
+    relisted: HashSet<String>,
+}
+
+impl Seen {
+    fn apply(&mut self, g: &Gcs) {
+        let uid = g.uid().unwrap_or_default();
+        let was = self.ready_now.insert(uid.clone(), g.is_ready());
+        if g.is_ready() && was != Some(true) {
+            *self.transitions.entry(uid).or_insert(0) += 1;
+        }
+    }
+
+    fn delete(&mut self, uid: String) {
+        self.ready_now.remove(&uid);
+        self.gone.insert(uid);
+    }
+
+    fn event(&mut self, event: watcher::Event<Gcs>) {
+        match event {
+            watcher::Event::Apply(g) => self.apply(&g),
+            watcher::Event::Delete(g) => self.delete(g.uid().unwrap_or_default()),
+            watcher::Event::Init => self.relisted.clear(),
+            watcher::Event::InitApply(g) => {
+                self.relisted.insert(g.uid().unwrap_or_default());
+                self.apply(&g);
+            }
+            watcher::Event::InitDone => {
+                // Deleted while the watch was away.
+                let missing: Vec<String> = (self.ready_now.keys())
+                    .filter(|uid| !self.relisted.contains(*uid))
+                    .cloned()
+                    .collect();
+                for uid in missing {
+                    self.delete(uid);
+                }
+            }
+        }
+    }
 }
 
 impl ReadyWatch {
     /// Starts watching every `Gcs` (re-listing after errors, with backoff).
     pub fn start(client: kube::Client) -> Self {
-        let transitions = Arc::new(Mutex::new(HashMap::new()));
-        let counts = transitions.clone();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let shared = seen.clone();
         let api: Api<Gcs> = Api::all(client);
-        let mut ready_now: HashMap<String, bool> = HashMap::new();
         let events = watcher(api, watcher::Config::default()).default_backoff();
         let task = tokio::spawn(events.for_each(move |event| {
             match event {
-                Ok(watcher::Event::Apply(g) | watcher::Event::InitApply(g)) => {
-                    let uid = g.uid().unwrap_or_default();
-                    let was = ready_now.insert(uid.clone(), g.is_ready()).unwrap_or(false);
-                    if g.is_ready() && !was {
-                        let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
-                        *counts.entry(uid).or_insert(0) += 1;
-                    }
-                }
-                Ok(watcher::Event::Delete(g)) => {
-                    ready_now.remove(&g.uid().unwrap_or_default());
-                }
-                Ok(_) => {}
+                Ok(event) => lock(&shared).event(event),
                 Err(e) => tracing::debug!(error = %e, "Gcs watch error; re-listing"),
             }
             futures::future::ready(())
         }));
-        ReadyWatch { transitions, task }
+        ReadyWatch { seen, task }
     }
 
     /// Transitions into Ready so far, by uid.
     pub fn transitions(&self) -> BTreeMap<String, u32> {
-        let counts = self.transitions.lock().unwrap_or_else(|p| p.into_inner());
-        counts.iter().map(|(k, v)| (k.clone(), *v)).collect()
+        let seen = lock(&self.seen);
+        (seen.transitions.iter())
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
     }
+
+    /// A handle that reads the run's progress, for the kill supervisor.
+    pub fn progress(&self) -> Progress {
+        Progress(self.seen.clone())
+    }
+}
+
+/// The run's progress as the watch saw it: resources that were Ready at
+/// some point plus resources deleted; twice the resources when all is done.
+#[derive(Clone)]
+pub struct Progress(Arc<Mutex<Seen>>);
+
+impl Progress {
+    pub fn get(&self) -> usize {
+        let seen = lock(&self.0);
+        seen.transitions.len() + seen.gone.len()
+    }
+}
+
+fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
+    seen.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Drop for ReadyWatch {
@@ -194,4 +255,54 @@ async fn bindings(
             (format!("{ns}/{}", s.name_any()), data)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gcs(uid: &str, ready: bool) -> Gcs {
+        let status = if ready { "True" } else { "False" };
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "storage.bucketmap.dev/v1alpha1",
+            "kind": "Gcs",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"bucketName": "photos"},
+            "status": {"conditions": [{
+                "type": "Ready", "status": status, "reason": "R", "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }]},
+        }))
+        .expect("a valid Gcs")
+    }
+
+    fn progress(seen: &Seen) -> usize {
+        seen.transitions.len() + seen.gone.len()
+    }
+
+    #[test]
+    fn progress_counts_each_resource_once_ready_and_once_gone() {
+        let mut seen = Seen::default();
+        seen.event(watcher::Event::Apply(gcs("a", false)));
+        assert_eq!(progress(&seen), 0);
+        seen.event(watcher::Event::Apply(gcs("a", true)));
+        seen.event(watcher::Event::Apply(gcs("a", true)));
+        seen.event(watcher::Event::Apply(gcs("b", true)));
+        assert_eq!(progress(&seen), 2);
+        seen.event(watcher::Event::Delete(gcs("a", true)));
+        assert_eq!(progress(&seen), 3);
+    }
+
+    #[test]
+    fn a_relist_counts_the_resources_deleted_while_the_watch_was_away() {
+        let mut seen = Seen::default();
+        seen.event(watcher::Event::Apply(gcs("a", true)));
+        seen.event(watcher::Event::Apply(gcs("b", true)));
+        seen.event(watcher::Event::Init);
+        seen.event(watcher::Event::InitApply(gcs("b", true)));
+        seen.event(watcher::Event::InitDone);
+        assert_eq!(seen.gone, HashSet::from(["a".to_owned()]));
+        assert_eq!(seen.transitions.get("b"), Some(&1), "b stayed Ready");
+        assert_eq!(progress(&seen), 3);
+    }
 }

@@ -1,8 +1,11 @@
 //! Two `bucketmap operator --leader-elect` processes, supervised like the
 //! pods of a Deployment: one that exits (e.g. after losing its Lease while
 //! the API server is away) is started again a second later, and at random
-//! moments a replica is killed with SIGKILL and started again: the Lease
-//! holder at every other kill (the first included), a random one otherwise.
+//! points of the run's progress a replica is killed with SIGKILL and
+//! started again: the Lease holder at every other kill (the first
+//! included), a random one otherwise. Kills follow progress, not the
+//! clock, so that each one lands while work is left whatever the speed of
+//! the machine.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -16,6 +19,8 @@ use tokio::process::Child;
 use tokio::time::Instant;
 
 use bucketmap_testkit::testenv;
+
+use super::observe::Progress;
 
 /// How to start one replica.
 #[derive(Debug, Clone)]
@@ -32,15 +37,24 @@ pub struct ReplicaSpec {
     pub tenancy_policy: PathBuf,
 }
 
-/// When to kill: `kills` times, each after a random pause in `interval`.
+/// When to kill: kill `i` once the run's progress reaches `at[i]`.
 #[derive(Debug, Clone)]
 pub struct KillPlan {
     pub kills: u32,
-    pub interval: std::ops::RangeInclusive<Duration>,
+    /// Progress marks, ascending, one per kill.
+    pub at: Vec<usize>,
     pub seed: u64,
 }
 
 impl KillPlan {
+    /// `kills` marks drawn in `range` of the progress (sorted).
+    pub fn new(kills: u32, range: std::ops::RangeInclusive<usize>, seed: u64) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut at: Vec<usize> = (0..kills).map(|_| rng.usize(range.clone())).collect();
+        at.sort_unstable();
+        KillPlan { kills, at, seed }
+    }
+
     /// Kills planned to hit the Lease holder: every other one, the first
     /// included (such a kill waits until a running replica holds the Lease).
     pub fn leader_kills(&self) -> u32 {
@@ -81,7 +95,12 @@ const REPLICAS: usize = 2;
 
 impl Replicas {
     /// Starts both replicas and the supervisor that kills per `plan`.
-    pub fn start(spec: ReplicaSpec, plan: KillPlan, client: kube::Client) -> Self {
+    pub fn start(
+        spec: ReplicaSpec,
+        plan: KillPlan,
+        progress: Progress,
+        client: kube::Client,
+    ) -> Self {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let counts = Arc::new(Mutex::new(ReplicaCounts::default()));
         let supervisor = Supervisor {
@@ -91,6 +110,7 @@ impl Replicas {
             rng: fastrand::Rng::with_seed(plan.seed),
             children: std::array::from_fn(|_| None),
             respawn_at: [Instant::now(); REPLICAS],
+            progress,
         };
         let task = tokio::spawn(supervisor.run(plan, stopped));
         Replicas { stop, task, counts }
@@ -111,26 +131,26 @@ struct Supervisor {
     rng: fastrand::Rng,
     children: [Option<Child>; REPLICAS],
     respawn_at: [Instant; REPLICAS],
+    progress: Progress,
 }
 
 impl Supervisor {
     async fn run(mut self, plan: KillPlan, mut stopped: tokio::sync::watch::Receiver<bool>) {
         let mut kills = 0;
-        let mut next_kill = Instant::now() + self.pause(&plan);
         loop {
             tokio::select! {
                 _ = stopped.changed() => break,
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
             self.restart_exited();
-            if kills < plan.kills && Instant::now() >= next_kill {
+            let due = plan.at.get(kills as usize);
+            if due.is_some_and(|&at| self.progress.get() >= at) {
                 // A leader kill waits (a tick at a time) for a running
-                // replica to hold the Lease.
+                // replica to hold the Lease; nothing converges meanwhile.
                 let Some(victim) = self.victim(KillPlan::targets_leader(kills)).await else {
                     continue;
                 };
                 kills += u32::from(self.kill(victim).await);
-                next_kill = Instant::now() + self.pause(&plan);
             }
         }
         for (slot, child) in self.children.iter_mut().enumerate() {
@@ -156,11 +176,6 @@ impl Supervisor {
             }
         }
         None
-    }
-
-    fn pause(&mut self, plan: &KillPlan) -> Duration {
-        let (low, high) = (*plan.interval.start(), *plan.interval.end());
-        low + high.saturating_sub(low).mul_f64(self.rng.f64())
     }
 
     fn count(&self, change: impl FnOnce(&mut ReplicaCounts)) {
@@ -264,4 +279,24 @@ fn spawn(spec: &ReplicaSpec, slot: usize) -> anyhow::Result<Child> {
     command
         .spawn()
         .with_context(|| format!("cannot start operator replica {slot}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_marks_are_sorted_inside_the_range_and_repeat_with_the_seed() {
+        for seed in 0..200 {
+            let plan = KillPlan::new(5, 10..=90, seed);
+            assert_eq!(plan.at.len(), 5);
+            assert!(plan.at.is_sorted(), "{:?}", plan.at);
+            assert!(
+                plan.at.iter().all(|m| (10..=90).contains(m)),
+                "{:?}",
+                plan.at
+            );
+            assert_eq!(plan.at, KillPlan::new(5, 10..=90, seed).at);
+        }
+    }
 }
