@@ -230,6 +230,15 @@ pub struct GcsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpo: Option<Rpo>,
 
+    /// Bucket IP filtering: with mode Enabled, GCS refuses requests for
+    /// the bucket and its objects unless they come from the public ranges
+    /// or VPC networks listed (a GKE cluster's pods: its VPC network). The
+    /// operator needs storage.buckets.exemptFromIpFilter to keep managing
+    /// the bucket, and `forceDestroy` works only from an allowed address.
+    /// `{mode: Disabled}` turns it off. Absent: left as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_filter: Option<IpFilter>,
+
     /// What happens to the bucket when this resource is deleted (see
     /// [`DeletionPolicy`]; the schema shows the type's description).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -537,6 +546,80 @@ impl TerminalStorageClass {
             TerminalStorageClass::Archive => "ARCHIVE",
         }
     }
+}
+
+/// An IPv4 or IPv6 range in CIDR notation (`10.0.0.0/8`, `2001:db8::/32`).
+const CIDR: &str = r"^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])[.]){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])/([0-9]|[12][0-9]|3[0-2])$|^[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*/([0-9]|[1-9][0-9]|1[01][0-9]|12[0-8])$";
+
+/// Bucket IP filtering.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.mode != 'Enabled' || has(self.publicNetworkSource) || (has(self.vpcNetworkSources) && size(self.vpcNetworkSources) > 0)").message("ipFilter.mode Enabled needs a publicNetworkSource or vpcNetworkSources: with neither, GCS refuses every request for the bucket and its objects, the applications' included"),
+    validation = Rule::new("(has(self.publicNetworkSource) ? size(self.publicNetworkSource.allowedIpCidrRanges) : 0) + (has(self.vpcNetworkSources) ? self.vpcNetworkSources.map(v, size(v.allowedIpCidrRanges)).sum() : 0) <= 200").message("ipFilter allows at most 200 IP ranges in all, public and VPC together (a GCS limit)"),
+)]
+pub struct IpFilter {
+    /// Enabled: the rules apply. Disabled: they are kept but not applied.
+    pub mode: IpFilterMode,
+    /// Public addresses allowed (requests from the internet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_network_source: Option<PublicNetworkSource>,
+    /// VPC networks allowed, each with the ranges of its addresses allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 25))]
+    pub vpc_network_sources: Option<Vec<VpcNetworkSource>>,
+    /// Allow VPC networks of another organization than the bucket's (GCS
+    /// then does not check that they exist). Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_cross_org_vpcs: Option<bool>,
+    /// Let Google Cloud services' service agents reach the bucket whatever
+    /// the rules (e.g. for transfers or BigQuery). Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_all_service_agent_access: Option<bool>,
+}
+
+/// Whether the IP filter applies.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs)]
+pub enum IpFilterMode {
+    Enabled,
+    Disabled,
+}
+
+impl IpFilterMode {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            IpFilterMode::Enabled => "Enabled",
+            IpFilterMode::Disabled => "Disabled",
+        }
+    }
+}
+
+/// Public addresses an IP filter allows.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicNetworkSource {
+    /// Ranges in CIDR notation (`203.0.113.0/24`, `2001:db8::/32`).
+    #[schemars(length(max = 200), extend("items" = {"type": "string", "maxLength": 64}))]
+    #[x_kube(validation = Rule::new(format!("self.all(r, r.matches('{CIDR}'))")).message("ipFilter ranges must be IPv4 or IPv6 ranges in CIDR notation, such as 203.0.113.0/24 or 2001:db8::/32"))]
+    pub allowed_ip_cidr_ranges: Vec<String>,
+}
+
+/// A VPC network an IP filter allows.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct VpcNetworkSource {
+    /// The network, `projects/PROJECT/global/networks/NETWORK`.
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("self.matches('^projects/[^/]+/global/networks/[^/]+$')").message("ipFilter.vpcNetworkSources[].network must be a VPC network name of the form projects/PROJECT/global/networks/NETWORK"))]
+    pub network: String,
+    /// Ranges of the network's addresses allowed, in CIDR notation (the
+    /// subnets or the pod ranges of a GKE cluster).
+    #[schemars(length(min = 1, max = 200), extend("items" = {"type": "string", "maxLength": 64}))]
+    #[x_kube(validation = Rule::new(format!("self.all(r, r.matches('{CIDR}'))")).message("ipFilter ranges must be IPv4 or IPv6 ranges in CIDR notation, such as 10.0.0.0/8 or 2001:db8::/32"))]
+    pub allowed_ip_cidr_ranges: Vec<String>,
 }
 
 /// Hierarchical namespace settings.

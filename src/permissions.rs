@@ -7,11 +7,18 @@
 /// is recorded under in metrics) and the IAM permission it needs.
 pub const PERMISSIONS: &[(&str, &str)] = &[
     ("GetBucket", "storage.buckets.get"),
+    // `ipFilter`: read it, and reach a bucket whose filter does not list the
+    // operator's addresses (get, update and delete are exempt with it).
+    ("GetBucket", "storage.buckets.getIpFilter"),
+    ("GetBucket", "storage.buckets.exemptFromIpFilter"),
     // Whether a bucket lives in a project (adoption, ownership checks).
     ("ListBuckets", "storage.buckets.list"),
     ("CreateBucket", "storage.buckets.create"),
     // `objectRetention: {mode: Enabled}` on a new bucket.
     ("CreateBucket", "storage.buckets.enableObjectRetention"),
+    // `ipFilter` on a new bucket, and its drift.
+    ("CreateBucket", "storage.buckets.setIpFilter"),
+    ("UpdateBucket", "storage.buckets.setIpFilter"),
     // Drift correction.
     ("UpdateBucket", "storage.buckets.update"),
     // `retentionPolicy.isLocked: true`.

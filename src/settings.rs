@@ -61,6 +61,8 @@ pub struct Settings {
     pub data_locations: Vec<String>,
     /// Object Retention Lock enabled (fixed at creation).
     pub object_retention: bool,
+    /// IP filter; `None`: none (or disabled with no rules).
+    pub ip_filter: Option<IpFilterRules>,
     /// On the desired side, the fields the spec does not name: their
     /// values here are GCS's defaults for a new bucket, and an existing
     /// bucket's are left alone (never drift). Empty on the observed side.
@@ -78,6 +80,22 @@ pub struct CorsRule {
     pub response_header: Vec<String>,
     /// Preflight cache time in seconds.
     pub max_age_seconds: i32,
+}
+
+/// An IP filter, its ranges sorted and in lower case: GCS applies them as
+/// a set, so order is no drift.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IpFilterRules {
+    /// `Enabled` or `Disabled`.
+    pub mode: String,
+    /// Public ranges allowed.
+    pub public_ranges: Vec<String>,
+    /// VPC networks allowed, by name, with their ranges.
+    pub vpc_networks: Vec<(String, Vec<String>)>,
+    /// VPC networks of other organizations allowed.
+    pub allow_cross_org_vpcs: bool,
+    /// Service agents allowed whatever the rules.
+    pub allow_all_service_agent_access: bool,
 }
 
 /// One mutable field, named by its `UpdateBucket` mask path.
@@ -115,6 +133,8 @@ pub enum Field {
     Autoclass,
     /// `rpo`.
     Rpo,
+    /// `ip_filter`.
+    IpFilter,
     /// `hierarchical_namespace`: set at creation only.
     HierarchicalNamespace,
     /// `custom_placement_config`: set at creation only.
@@ -124,7 +144,7 @@ pub enum Field {
 }
 
 /// The fields an `UpdateBucket` can change, in the order drift is reported.
-const MUTABLE: [Field; 16] = [
+const MUTABLE: [Field; 17] = [
     Field::StorageClass,
     Field::Versioning,
     Field::Labels,
@@ -141,6 +161,7 @@ const MUTABLE: [Field; 16] = [
     Field::DefaultEventBasedHold,
     Field::Autoclass,
     Field::Rpo,
+    Field::IpFilter,
 ];
 
 /// The fields GCS sets at creation and never changes.
@@ -170,6 +191,7 @@ impl Field {
             Field::DefaultEventBasedHold => "default_event_based_hold",
             Field::Autoclass => "autoclass",
             Field::Rpo => "rpo",
+            Field::IpFilter => "ip_filter",
             Field::HierarchicalNamespace => "hierarchical_namespace",
             Field::CustomPlacementConfig => "custom_placement_config",
             Field::ObjectRetention => "object_retention",
@@ -227,6 +249,7 @@ impl Settings {
                     .flat_map(|c| &c.data_locations),
             ),
             object_retention: spec.object_retention.is_some(),
+            ip_filter: spec.ip_filter.as_ref().and_then(ip_filter_from_spec),
             unmanaged: unmanaged(spec),
         }
     }
@@ -288,6 +311,7 @@ impl Settings {
                     .flat_map(|c| &c.data_locations),
             ),
             object_retention: b.object_retention.as_ref().is_some_and(|r| r.enabled),
+            ip_filter: b.ip_filter.as_ref().and_then(ip_filter_from_gcs),
             unmanaged: Vec::new(),
         }
     }
@@ -340,6 +364,7 @@ impl Settings {
             }
             Field::Autoclass => self.autoclass != o.autoclass,
             Field::Rpo => self.rpo != o.rpo,
+            Field::IpFilter => self.ip_filter != o.ip_filter,
             Field::HierarchicalNamespace => self.hierarchical_namespace != o.hierarchical_namespace,
             Field::CustomPlacementConfig => self.data_locations != o.data_locations,
             Field::ObjectRetention => self.object_retention != o.object_retention,
@@ -450,6 +475,7 @@ impl Settings {
                     .map(|t| format!("on, terminal class {t}")),
             ),
             Field::Rpo => ("rpo", self.rpo.clone()),
+            Field::IpFilter => ("ipFilter", self.ip_filter.as_ref().map(ip_filter_in_words)),
             Field::CustomPlacementConfig => (
                 "customPlacementConfig.dataLocations",
                 Some(self.data_locations.join(", ")).filter(|l| !l.is_empty()),
@@ -508,6 +534,9 @@ impl Settings {
                     .set_log_bucket(bucket_resource(log_bucket))
                     .set_log_object_prefix(l.log_object_prefix.clone().unwrap_or_default()),
             );
+        }
+        if let Some(f) = &self.ip_filter {
+            b = b.set_ip_filter(ip_filter_to_gcs(f));
         }
         if let Some(w) = &self.website {
             b = b.set_website(
@@ -624,6 +653,7 @@ fn unmanaged(spec: &GcsSpec) -> Vec<Field> {
         ),
         (spec.autoclass.is_none(), Field::Autoclass),
         (spec.rpo.is_none(), Field::Rpo),
+        (spec.ip_filter.is_none(), Field::IpFilter),
         (
             spec.hierarchical_namespace.is_none(),
             Field::HierarchicalNamespace,
@@ -637,6 +667,89 @@ fn unmanaged(spec: &GcsSpec) -> Vec<Field> {
     .into_iter()
     .filter_map(|(absent, field)| absent.then_some(field))
     .collect()
+}
+
+/// Ranges as a set: sorted, lower case, without duplicates.
+fn range_set<'a>(ranges: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+    let mut set: Vec<String> = ranges.into_iter().map(|r| r.to_ascii_lowercase()).collect();
+    set.sort_unstable();
+    set.dedup();
+    set
+}
+
+/// `None` for a filter that does nothing (disabled, no rules, no flags):
+/// the same as no filter, so that neither side drifts from the other.
+fn ip_filter_rules(mut f: IpFilterRules) -> Option<IpFilterRules> {
+    f.vpc_networks.sort();
+    let idle = f.mode != "Enabled"
+        && f == IpFilterRules {
+            mode: f.mode.clone(),
+            ..IpFilterRules::default()
+        };
+    (!idle).then_some(f)
+}
+
+fn ip_filter_from_spec(f: &crate::crd::IpFilter) -> Option<IpFilterRules> {
+    ip_filter_rules(IpFilterRules {
+        mode: f.mode.as_gcs().to_owned(),
+        public_ranges: range_set(
+            f.public_network_source
+                .iter()
+                .flat_map(|p| &p.allowed_ip_cidr_ranges),
+        ),
+        vpc_networks: (f.vpc_network_sources.iter().flatten())
+            .map(|v| (v.network.clone(), range_set(&v.allowed_ip_cidr_ranges)))
+            .collect(),
+        allow_cross_org_vpcs: f.allow_cross_org_vpcs.unwrap_or(false),
+        allow_all_service_agent_access: f.allow_all_service_agent_access.unwrap_or(false),
+    })
+}
+
+fn ip_filter_from_gcs(f: &bucket::IpFilter) -> Option<IpFilterRules> {
+    ip_filter_rules(IpFilterRules {
+        mode: f.mode.clone().unwrap_or_default(),
+        public_ranges: range_set(
+            f.public_network_source
+                .iter()
+                .flat_map(|p| &p.allowed_ip_cidr_ranges),
+        ),
+        vpc_networks: (f.vpc_network_sources.iter())
+            .map(|v| {
+                let network = v.network.clone().unwrap_or_default();
+                (network, range_set(&v.allowed_ip_cidr_ranges))
+            })
+            .collect(),
+        allow_cross_org_vpcs: f.allow_cross_org_vpcs,
+        allow_all_service_agent_access: f.allow_all_service_agent_access.unwrap_or(false),
+    })
+}
+
+fn ip_filter_to_gcs(f: &IpFilterRules) -> bucket::IpFilter {
+    use bucket::ip_filter::{PublicNetworkSource, VpcNetworkSource};
+    let mut filter = bucket::IpFilter::new()
+        .set_mode(f.mode.clone())
+        .set_vpc_network_sources(f.vpc_networks.iter().map(|(network, ranges)| {
+            VpcNetworkSource::new()
+                .set_network(network.clone())
+                .set_allowed_ip_cidr_ranges(ranges.clone())
+        }))
+        .set_allow_cross_org_vpcs(f.allow_cross_org_vpcs)
+        .set_allow_all_service_agent_access(f.allow_all_service_agent_access);
+    if !f.public_ranges.is_empty() {
+        filter = filter.set_public_network_source(
+            PublicNetworkSource::new().set_allowed_ip_cidr_ranges(f.public_ranges.clone()),
+        );
+    }
+    filter
+}
+
+fn ip_filter_in_words(f: &IpFilterRules) -> String {
+    format!(
+        "{}, {} public ranges, {} VPC networks",
+        f.mode,
+        f.public_ranges.len(),
+        f.vpc_networks.len()
+    )
 }
 
 fn website_in_words(w: &Website) -> String {
@@ -814,7 +927,11 @@ mod tests {
             "autoclass": {"enabled": true},
             "hierarchicalNamespace": {"enabled": true},
             "customPlacementConfig": {"dataLocations": ["us-east1", "US-WEST1"]},
-            "rpo": "ASYNC_TURBO"
+            "rpo": "ASYNC_TURBO",
+            "ipFilter": {"mode": "Enabled",
+                         "publicNetworkSource": {"allowedIpCidrRanges": ["203.0.113.0/24"]},
+                         "vpcNetworkSources": [{"network": "projects/p/global/networks/n",
+                                                "allowedIpCidrRanges": ["10.8.0.0/14"]}]}
         }));
         let owner = crate::naming::Identity {
             cluster: "c",
@@ -831,6 +948,36 @@ mod tests {
         assert_eq!(observed.cors.len(), 1);
         assert!(observed.requester_pays && observed.default_event_based_hold);
         assert!(observed.hierarchical_namespace && observed.kms_key.is_some());
+        let filter = observed.ip_filter.expect("the IP filter is sent");
+        assert_eq!(filter.public_ranges, ["203.0.113.0/24"]);
+        assert_eq!(filter.vpc_networks.len(), 1);
+    }
+
+    #[test]
+    fn an_ip_filter_is_a_set_of_ranges_and_a_disabled_empty_one_is_none() {
+        let from_spec = |json| Settings::desired(&spec(json), &BTreeMap::new()).ip_filter;
+        let a = from_spec(serde_json::json!({"bucketName": "photos", "ipFilter": {
+            "mode": "Enabled", "publicNetworkSource": {"allowedIpCidrRanges": ["2001:DB8::/32", "198.51.100.0/24"]},
+            "vpcNetworkSources": [
+                {"network": "projects/p/global/networks/b", "allowedIpCidrRanges": ["10.0.0.0/8"]},
+                {"network": "projects/p/global/networks/a", "allowedIpCidrRanges": ["10.8.0.0/14", "10.4.0.0/14"]}]}}));
+        let b = from_spec(serde_json::json!({"bucketName": "photos", "ipFilter": {
+            "mode": "Enabled", "publicNetworkSource": {"allowedIpCidrRanges": ["198.51.100.0/24", "2001:db8::/32"]},
+            "vpcNetworkSources": [
+                {"network": "projects/p/global/networks/a", "allowedIpCidrRanges": ["10.4.0.0/14", "10.8.0.0/14"]},
+                {"network": "projects/p/global/networks/b", "allowedIpCidrRanges": ["10.0.0.0/8"]}]}}));
+        assert!(a.is_some());
+        assert_eq!(a, b, "order and case are no drift");
+        let off = from_spec(
+            serde_json::json!({"bucketName": "photos", "ipFilter": {"mode": "Disabled"}}),
+        );
+        assert_eq!(off, None);
+        let gcs = Bucket::new().set_ip_filter(bucket::IpFilter::new().set_mode("Disabled"));
+        assert_eq!(Settings::observed(&gcs).ip_filter, None);
+        // Disabled with its rules kept is not none.
+        let kept = from_spec(serde_json::json!({"bucketName": "photos", "ipFilter": {
+            "mode": "Disabled", "publicNetworkSource": {"allowedIpCidrRanges": ["198.51.100.0/24"]}}}));
+        assert_eq!(kept.map(|f| f.mode), Some("Disabled".to_owned()));
     }
 
     #[test]
@@ -887,11 +1034,11 @@ mod tests {
                     "encryption": {}, "cors": [], "website": {"notFoundPage": "404.html"},
                     "billing": {"requesterPays": false}, "logging": {},
                     "defaultEventBasedHold": false, "autoclass": {"enabled": false},
-                    "rpo": "DEFAULT"})),
+                    "rpo": "DEFAULT", "ipFilter": {"mode": "Disabled"}})),
             &BTreeMap::new(),
         );
         type Change = fn(&mut Settings);
-        let changes: [(Field, Change); 8] = [
+        let changes: [(Field, Change); 9] = [
             (Field::Encryption, |o| {
                 o.kms_key = Some("projects/p/locations/l/keyRings/r/cryptoKeys/k".into())
             }),
@@ -909,6 +1056,13 @@ mod tests {
             }),
             (Field::Autoclass, |o| o.autoclass = Some("ARCHIVE".into())),
             (Field::Rpo, |o| o.rpo = Some("ASYNC_TURBO".into())),
+            (Field::IpFilter, |o| {
+                o.ip_filter = Some(IpFilterRules {
+                    mode: "Enabled".into(),
+                    public_ranges: vec!["0.0.0.0/0".into()],
+                    ..IpFilterRules::default()
+                });
+            }),
         ];
         for (field, change) in changes {
             let mut observed = desired.clone();
@@ -937,6 +1091,11 @@ mod tests {
         observed.default_event_based_hold = true;
         observed.autoclass = Some("ARCHIVE".into());
         observed.rpo = Some("ASYNC_TURBO".into());
+        observed.ip_filter = Some(IpFilterRules {
+            mode: "Enabled".into(),
+            public_ranges: vec!["198.51.100.0/24".into()],
+            ..IpFilterRules::default()
+        });
         observed.hierarchical_namespace = true;
         observed.data_locations = vec!["US-EAST1".into(), "US-WEST1".into()];
         assert_eq!(desired.drift(&observed), Vec::<Field>::new());
@@ -946,6 +1105,7 @@ mod tests {
         assert_eq!(created.rpo, "");
         assert!(created.encryption.is_none() && created.cors.is_empty());
         assert!(created.logging.is_none() && created.website.is_none());
+        assert!(created.ip_filter.is_none());
     }
 
     #[test]

@@ -23,6 +23,7 @@ use common::{Fixture, PROJECT, physical};
 type TestResult = anyhow::Result<()>;
 
 const KEY: &str = "projects/kms-p/locations/us/keyRings/ring/cryptoKeys/photos";
+const VPC: &str = "projects/net-p/global/networks/prod";
 
 /// A spec with every setting of issue 38 set.
 fn every_setting() -> serde_json::Value {
@@ -40,6 +41,9 @@ fn every_setting() -> serde_json::Value {
         "hierarchicalNamespace": {"enabled": true},
         "customPlacementConfig": {"dataLocations": ["us-east1", "us-west1"]},
         "rpo": "ASYNC_TURBO",
+        "ipFilter": {"mode": "Enabled",
+                     "publicNetworkSource": {"allowedIpCidrRanges": ["203.0.113.0/24"]},
+                     "vpcNetworkSources": [{"network": VPC, "allowedIpCidrRanges": ["10.8.0.0/14"]}]},
         "lifecycleRules": [
             {"action": {"type": "Delete"}, "condition": {"ageDays": 365}},
             {"action": {"type": "Delete"}, "condition": {
@@ -86,6 +90,15 @@ fn assert_every_setting(b: &proto::Bucket) {
     assert_eq!(placement.data_locations, ["US-EAST1", "US-WEST1"]);
     assert_eq!(b.location_type, "dual-region");
     assert_eq!(b.rpo, "ASYNC_TURBO");
+    let filter = b.ip_filter.clone().unwrap_or_default();
+    assert_eq!(filter.mode.as_deref(), Some("Enabled"));
+    let public = filter.public_network_source.unwrap_or_default();
+    assert_eq!(public.allowed_ip_cidr_ranges, ["203.0.113.0/24"]);
+    assert_eq!(filter.vpc_network_sources.len(), 1);
+    let vpc = &filter.vpc_network_sources[0];
+    assert_eq!(vpc.network.as_deref(), Some(VPC));
+    assert_eq!(vpc.allowed_ip_cidr_ranges, ["10.8.0.0/14"]);
+    assert_eq!(filter.allow_all_service_agent_access, Some(false));
     let rules = b.lifecycle.clone().unwrap_or_default().rule;
     assert_eq!(rules.len(), 2, "{rules:?}");
     let c = rules[1].condition.clone().unwrap_or_default();
@@ -212,6 +225,30 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
             "{bucketName: photos, lifecycleRules: [{action: {type: Delete}, condition: {}}]}",
             "a lifecycle condition needs at least one field",
         ),
+        (
+            "{bucketName: photos, ipFilter: {mode: Enabled}}",
+            "ipFilter.mode Enabled needs a publicNetworkSource or vpcNetworkSources",
+        ),
+        (
+            "{bucketName: photos, ipFilter: {mode: enabled}}",
+            "Unsupported value: \"enabled\"",
+        ),
+        (
+            "{bucketName: photos, ipFilter: {mode: Enabled, publicNetworkSource: {allowedIpCidrRanges: ['10.0.0.0/33']}}}",
+            "ipFilter ranges must be IPv4 or IPv6 ranges in CIDR notation",
+        ),
+        (
+            "{bucketName: photos, ipFilter: {mode: Enabled, publicNetworkSource: {allowedIpCidrRanges: [example.com]}}}",
+            "ipFilter ranges must be IPv4 or IPv6 ranges in CIDR notation",
+        ),
+        (
+            "{bucketName: photos, ipFilter: {mode: Enabled, vpcNetworkSources: [{network: default, allowedIpCidrRanges: ['10.0.0.0/8']}]}}",
+            "must be a VPC network name of the form projects/PROJECT/global/networks/NETWORK",
+        ),
+        (
+            "{bucketName: photos, ipFilter: {mode: Enabled, vpcNetworkSources: [{network: projects/p/global/networks/n, allowedIpCidrRanges: []}]}}",
+            "should have at least 1 items",
+        ),
     ];
     for (spec, message) in cases {
         let out = f.kubectl_apply(&manifest("bad", spec)).await?;
@@ -222,6 +259,25 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
             "{spec}: expected {message:?} in {stderr}"
         );
     }
+
+    // At most 200 ranges in all: 101 public and 100 in a VPC network are too many.
+    let ranges = |n: usize, from: usize| -> Vec<String> {
+        (from..from + n)
+            .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+            .collect()
+    };
+    let too_many = serde_json::json!({"bucketName": "photos", "ipFilter": {"mode": "Enabled",
+        "publicNetworkSource": {"allowedIpCidrRanges": ranges(101, 0)},
+        "vpcNetworkSources": [{"network": VPC, "allowedIpCidrRanges": ranges(100, 101)}]}});
+    let out = f
+        .kubectl_apply(&manifest("bad", &serde_json::to_string(&too_many)?))
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "201 ranges were accepted");
+    assert!(
+        stderr.contains("ipFilter allows at most 200 IP ranges in all"),
+        "{stderr}"
+    );
 
     // A key in the bucket's region, or in the multi-region's KMS location.
     for (name, location, key_location) in [
@@ -390,6 +446,7 @@ async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() 
             ..Default::default()
         });
         b.rpo = "DEFAULT".into();
+        b.ip_filter = None;
         if let Some(rule) = b.lifecycle.as_mut().and_then(|l| l.rule.get_mut(1)) {
             let c = rule.condition.get_or_insert_default();
             c.custom_time_before = None;
@@ -413,7 +470,8 @@ async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() 
         "photos",
         serde_json::json!({
             "encryption": null, "cors": null, "website": null, "logging": null,
-            "billing": null, "defaultEventBasedHold": null, "autoclass": null, "rpo": null
+            "billing": null, "defaultEventBasedHold": null, "autoclass": null, "rpo": null,
+            "ipFilter": null
         }),
     )
     .await?;
@@ -439,7 +497,7 @@ async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() 
         serde_json::json!({
             "encryption": {}, "cors": [], "website": {}, "logging": {},
             "billing": {"requesterPays": false}, "defaultEventBasedHold": false,
-            "autoclass": {"enabled": false}, "rpo": "DEFAULT"
+            "autoclass": {"enabled": false}, "rpo": "DEFAULT", "ipFilter": {"mode": "Disabled"}
         }),
     )
     .await?;
@@ -453,6 +511,7 @@ async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() 
     assert_eq!(b.logging, None);
     assert!(!b.billing.is_some_and(|b| b.requester_pays));
     assert!(!b.default_event_based_hold);
+    assert_eq!(b.ip_filter, None);
     // Fixed at creation, and kept.
     assert!(b.hierarchical_namespace.is_some_and(|h| h.enabled));
     assert_eq!(
@@ -552,6 +611,7 @@ async fn the_all_fields_example_is_admitted_and_created_as_written() -> TestResu
         "customPlacementConfig",
         "rpo",
         "objectRetention",
+        "ipFilter",
     ] {
         assert!(spec.get(field).is_some(), "{path} lacks {field}");
     }
@@ -563,6 +623,9 @@ async fn the_all_fields_example_is_admitted_and_created_as_written() -> TestResu
     assert_eq!(b.location_type, "dual-region");
     assert_eq!(b.cors.len(), 1);
     assert!(b.object_retention.is_some_and(|r| r.enabled));
+    let filter = b.ip_filter.unwrap_or_default();
+    assert_eq!(filter.mode.as_deref(), Some("Enabled"));
+    assert_eq!(filter.vpc_network_sources.len(), 1);
     assert!(
         b.retention_policy.is_some_and(|p| !p.is_locked),
         "the example never locks"

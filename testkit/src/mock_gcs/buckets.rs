@@ -26,6 +26,7 @@ const WHOLE_FIELDS: &[&str] = &[
     "rpo",
     "encryption",
     "default_event_based_hold",
+    "ip_filter",
 ];
 
 impl State {
@@ -262,6 +263,7 @@ fn apply_path(
         "autoclass" => target.autoclass = source.autoclass.clone(),
         "rpo" => target.rpo = source.rpo.to_uppercase(),
         "encryption" => target.encryption = source.encryption.clone(),
+        "ip_filter" => target.ip_filter = source.ip_filter.clone(),
         "encryption.default_kms_key" => {
             let key = source
                 .encryption

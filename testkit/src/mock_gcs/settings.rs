@@ -1,6 +1,6 @@
 //! The bucket settings GCS checks and fills in beyond the basics of
 //! `state.rs`: autoclass, replication (rpo), configurable dual-regions,
-//! hierarchical namespace, CMEK, logging. What GCS refuses is refused here
+//! hierarchical namespace, CMEK, logging, IP filter. What GCS refuses is refused here
 //! with the same code; what it fills in (autoclass's terminal class and
 //! toggle time, the log object prefix) is filled in; `state.rs` gives a
 //! configurable dual-region its location type and rpo.
@@ -71,7 +71,83 @@ pub(crate) fn check(bucket: &proto::Bucket) -> Result<(), Status> {
     check_placement(bucket)?;
     check_rpo(bucket)?;
     check_encryption(bucket)?;
+    check_ip_filter(bucket)?;
     check_lifecycle(bucket)
+}
+
+/// GCS's limits on an IP filter: in all at most 200 ranges and 25 VPC
+/// networks.
+const MAX_IP_FILTER_RANGES: usize = 200;
+const MAX_VPC_NETWORKS: usize = 25;
+
+/// A known mode, networks named `projects/P/global/networks/N`, ranges in
+/// CIDR notation with no host bits set (`192.0.2.1/24` is refused), and
+/// GCS's limits.
+fn check_ip_filter(bucket: &proto::Bucket) -> Result<(), Status> {
+    let Some(filter) = &bucket.ip_filter else {
+        return Ok(());
+    };
+    let refuse = |why: String| {
+        Status::invalid_argument(format!("bucket {}: ipFilter: {why}", bucket.bucket_id))
+    };
+    let mode = filter.mode.as_deref().unwrap_or_default();
+    if !matches!(mode, "Enabled" | "Disabled") {
+        return Err(refuse(format!(
+            "invalid mode {mode:?}: expected Enabled or Disabled"
+        )));
+    }
+    let vpcs = &filter.vpc_network_sources;
+    if vpcs.len() > MAX_VPC_NETWORKS {
+        return Err(refuse(format!(
+            "{} VPC networks, at most {MAX_VPC_NETWORKS}",
+            vpcs.len()
+        )));
+    }
+    for vpc in vpcs {
+        let network = vpc.network.as_deref().unwrap_or_default();
+        let parts: Vec<&str> = network.split('/').collect();
+        let shaped = matches!(parts[..], ["projects", p, "global", "networks", n] if !p.is_empty() && !n.is_empty());
+        if !shaped {
+            return Err(refuse(format!(
+                "invalid network {network:?}: expected projects/PROJECT/global/networks/NETWORK"
+            )));
+        }
+    }
+    let public = filter.public_network_source.iter();
+    let ranges: Vec<&String> = (public.flat_map(|p| &p.allowed_ip_cidr_ranges))
+        .chain(vpcs.iter().flat_map(|v| &v.allowed_ip_cidr_ranges))
+        .collect();
+    if ranges.len() > MAX_IP_FILTER_RANGES {
+        return Err(refuse(format!(
+            "{} ranges, at most {MAX_IP_FILTER_RANGES}",
+            ranges.len()
+        )));
+    }
+    match ranges.into_iter().find(|r| !truncated_cidr(r)) {
+        Some(bad) => Err(refuse(format!(
+            "invalid range {bad:?}: expected CIDR notation with the host bits zero, e.g. 192.0.2.0/24"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `ADDRESS/PREFIX`, IPv4 or IPv6, with every bit after the prefix zero.
+fn truncated_cidr(range: &str) -> bool {
+    let Some((address, prefix)) = range.split_once('/') else {
+        return false;
+    };
+    let Ok(prefix) = prefix.parse::<u32>() else {
+        return false;
+    };
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(a)) => {
+            prefix <= 32 && u32::from(a).checked_shl(prefix).unwrap_or(0) == 0
+        }
+        Ok(std::net::IpAddr::V6(a)) => {
+            prefix <= 128 && u128::from(a).checked_shl(prefix).unwrap_or(0) == 0
+        }
+        Err(_) => false,
+    }
 }
 
 /// Each lifecycle rule has a known action (with a storage class exactly

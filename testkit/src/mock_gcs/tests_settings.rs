@@ -1,5 +1,6 @@
 //! The bucket settings GCS fills in and refuses (autoclass, rpo,
-//! configurable dual-regions, hierarchical namespace, CMEK, logging), driven
+//! configurable dual-regions, hierarchical namespace, CMEK, logging, IP
+//! filter), driven
 //! by the real `google-cloud-storage` client as the operator uses it.
 
 // Scenarios and tables of cases read top to bottom; the one-screen rule
@@ -361,6 +362,100 @@ async fn keys_logging_and_the_other_settings_are_kept_as_sent() -> anyhow::Resul
     assert_eq!(updated.logging, None);
     assert!(updated.cors.is_empty());
     assert!(updated.default_event_based_hold, "not in the mask");
+    Ok(())
+}
+
+fn ip_filter(mode: &str, public: &[&str], vpcs: &[(&str, &[&str])]) -> bucket::IpFilter {
+    use bucket::ip_filter::{PublicNetworkSource, VpcNetworkSource};
+    bucket::IpFilter::new()
+        .set_mode(mode)
+        .set_public_network_source(
+            PublicNetworkSource::new().set_allowed_ip_cidr_ranges(public.iter().copied()),
+        )
+        .set_vpc_network_sources(vpcs.iter().map(|(network, ranges)| {
+            VpcNetworkSource::new()
+                .set_network(*network)
+                .set_allowed_ip_cidr_ranges(ranges.iter().copied())
+        }))
+        .set_allow_all_service_agent_access(false)
+}
+
+#[tokio::test]
+async fn an_ip_filter_is_kept_as_sent_and_malformed_ones_refused() -> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let client = client(&mock).await?;
+    let vpc = "projects/net-p/global/networks/default";
+    let many: Vec<String> = (0..201)
+        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let bad = [
+        (ip_filter("On", &["10.0.0.0/8"], &[]), "invalid mode"),
+        (
+            ip_filter("Enabled", &["192.0.2.1/24"], &[]),
+            "host bits zero",
+        ),
+        (
+            ip_filter("Enabled", &["2001:db8::1/32"], &[]),
+            "host bits zero",
+        ),
+        (ip_filter("Enabled", &["10.0.0.0/33"], &[]), "CIDR notation"),
+        (
+            ip_filter("Enabled", &["example.com/8"], &[]),
+            "CIDR notation",
+        ),
+        (
+            ip_filter("Enabled", &[], &[("default", &["10.0.0.0/8"])]),
+            "invalid network",
+        ),
+        (ip_filter("Enabled", &many, &[]), "201 ranges, at most 200"),
+    ];
+    for (filter, why) in bad {
+        let (code, message) =
+            refusal(create(&client, "ipf-a", Bucket::new().set_ip_filter(filter)).await);
+        assert_eq!(code, Code::InvalidArgument, "{message}");
+        assert!(message.contains(why), "expected {why:?} in {message}");
+    }
+    assert!(
+        mock.handle().bucket("ipf-a").is_none(),
+        "a refused create created nothing"
+    );
+
+    let filter = ip_filter(
+        "Enabled",
+        &["203.0.113.0/24", "2001:db8::/32"],
+        &[(vpc, &["10.8.0.0/14"])],
+    );
+    let created = create(
+        &client,
+        "ipf-a",
+        Bucket::new().set_ip_filter(filter.clone()),
+    )
+    .await?;
+    assert_eq!(created.ip_filter.as_ref(), Some(&filter));
+    // A bad update is refused and changes nothing; a good one replaces it.
+    let patch = Bucket::new().set_ip_filter(ip_filter("Enabled", &["10.0.0.1/8"], &[]));
+    let (code, _) = refusal(update(&client, "ipf-a", patch, &["ip_filter"]).await);
+    assert_eq!(code, Code::InvalidArgument);
+    assert_eq!(
+        mock.handle()
+            .bucket("ipf-a")
+            .and_then(|b| b.ip_filter)
+            .map(|f| f.mode),
+        Some(Some("Enabled".to_string()))
+    );
+    let off = ip_filter("Disabled", &["203.0.113.0/24"], &[]);
+    let updated = update(
+        &client,
+        "ipf-a",
+        Bucket::new().set_ip_filter(off.clone()),
+        &["ip_filter"],
+    )
+    .await?;
+    assert_eq!(updated.ip_filter, Some(off));
+    // In the mask but not in the patch: cleared.
+    let cleared = update(&client, "ipf-a", Bucket::new(), &["ip_filter"]).await?;
+    assert_eq!(cleared.ip_filter, None);
     Ok(())
 }
 
