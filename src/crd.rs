@@ -86,6 +86,7 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
     validation = Rule::new("!has(self.customPlacementConfig) || (has(self.location) && self.location.upperAscii() in ['US', 'EU', 'ASIA'])").message("customPlacementConfig needs location to be the multi-region (US, EU or ASIA) that contains both dataLocations"),
     validation = Rule::new("!has(self.rpo) || self.rpo != 'ASYNC_TURBO' || has(self.customPlacementConfig) || (has(self.location) && self.location.upperAscii() in ['NAM4', 'EUR4', 'EUR5', 'EUR7', 'EUR8', 'ASIA1'])").message("rpo ASYNC_TURBO (turbo replication) needs a dual-region bucket: a customPlacementConfig or a predefined dual-region location (NAM4, EUR4, EUR5, EUR7, EUR8, ASIA1)"),
     validation = Rule::new("!has(self.encryption) || !has(self.encryption.defaultKmsKeyName) || has(self.customPlacementConfig) || !has(self.location) || !(self.location.contains('-') || self.location.upperAscii() in ['US', 'EU', 'ASIA']) || self.encryption.defaultKmsKeyName.matches('^projects/[^/]+/locations/' + (self.location.upperAscii() == 'US' ? 'us' : self.location.upperAscii() == 'EU' ? 'europe' : self.location.upperAscii() == 'ASIA' ? 'asia' : self.location.lowerAscii()) + '/')").message("encryption.defaultKmsKeyName must be a key in the bucket's location: its key ring in the bucket's region (a bucket in europe-west1 needs locations/europe-west1), or in us, europe or asia for the US, EU and ASIA multi-regions"),
+    validation = Rule::new("!has(self.access) || !self.access.exists(a, has(a.condition)) || !has(self.uniformBucketLevelAccess) || self.uniformBucketLevelAccess").message("an access grant with a condition needs uniformBucketLevelAccess: IAM conditions apply only to buckets without object ACLs"),
     validation = Rule::new("!has(self.rpo) || has(self.customPlacementConfig) || (has(self.location) && !self.location.contains('-'))").message("rpo applies to dual- and multi-region buckets only; a bucket in a single region (a location such as europe-west1) has no cross-region replication"),
 )]
 pub struct GcsSpec {
@@ -290,7 +291,10 @@ impl GcsSpec {
 /// namespace or for an IAM principal.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.serviceAccount) != has(self.member)").message("an access grant names exactly one of serviceAccount (a ServiceAccount of this namespace) or member (an IAM principal)"))]
+#[x_kube(
+    validation = Rule::new("has(self.serviceAccount) != has(self.member)").message("an access grant names exactly one of serviceAccount (a ServiceAccount of this namespace) or member (an IAM principal)"),
+    validation = Rule::new("!has(self.condition) || !self.role.startsWith('roles/storage.legacy')").message("an IAM condition cannot be used with the legacy roles (roles/storage.legacy*): IAM refuses it"),
+)]
 pub struct AccessGrant {
     /// Name of a Kubernetes ServiceAccount in this resource's namespace. Its
     /// IAM identity is the Google service account of its annotation
@@ -313,11 +317,41 @@ pub struct AccessGrant {
     )]
     pub member: Option<String>,
 
-    /// The role, granted as `roles/storage.<role>`: objectViewer (read),
-    /// objectCreator (create), objectUser (read, write, delete) or
-    /// objectAdmin (everything on objects, including their IAM).
-    #[x_kube(validation = Rule::new("self in ['objectViewer', 'objectCreator', 'objectUser', 'objectAdmin']").message("role must be objectViewer, objectCreator, objectUser or objectAdmin (granted as roles/storage.<role>); other roles are not granted by bucketmap"))]
+    /// The role: objectViewer (read), objectCreator (create), objectUser
+    /// (read, write, delete) or objectAdmin (everything on objects,
+    /// including their IAM), granted as `roles/storage.<role>`. Or a full
+    /// role name that the namespace's annotation `bucketmap.dev/allowed-roles`
+    /// lists: a predefined Cloud Storage role (`roles/storage.NAME`) or a
+    /// custom role (`projects/P/roles/R`, `organizations/O/roles/R`).
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("self in ['objectViewer', 'objectCreator', 'objectUser', 'objectAdmin'] || self.matches('^roles/storage[.][A-Za-z.]+$') || self.matches('^(projects/[^/]+|organizations/[0-9]+)/roles/[A-Za-z0-9_.]+$')").message("role must be objectViewer, objectCreator, objectUser or objectAdmin (granted as roles/storage.<role>), a Cloud Storage role (roles/storage.NAME) or a custom role (projects/PROJECT/roles/NAME, organizations/ORG/roles/NAME)"))]
     pub role: String,
+
+    /// An IAM condition: the grant holds only while its expression is true
+    /// (a prefix of object names, a time window). Needs
+    /// uniformBucketLevelAccess; not with the legacy roles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<IamCondition>,
+}
+
+/// An IAM condition on a grant (`google.type.Expr`).
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IamCondition {
+    /// A short title, shown by IAM.
+    #[schemars(length(min = 1, max = 100))]
+    pub title: String,
+    /// What the condition is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub description: Option<String>,
+    /// The CEL expression, e.g.
+    /// `resource.name.startsWith('projects/_/buckets/BUCKET/objects/reports/')`
+    /// or `request.time < timestamp('2030-01-01T00:00:00Z')`.
+    #[schemars(length(min = 1, max = 12800))]
+    pub expression: String,
 }
 
 fn default_location() -> String {
@@ -817,6 +851,9 @@ pub struct GrantedAccess {
     /// The ServiceAccount of this namespace the member stands for, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+    /// The IAM condition of the grant, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<IamCondition>,
 }
 
 /// Reference to a Service Binding Secret in the same namespace.

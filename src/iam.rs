@@ -1,6 +1,7 @@
 //! Who may use a bucket: the IAM side of `spec.access`.
 //!
-//! - [`role_for`]: the four grantable roles (`roles/storage.*`);
+//! - [`role_for`]: the role a grant names, the four object roles always,
+//!   any other only where the namespace allows it;
 //! - [`service_account_member`]: a Kubernetes ServiceAccount as an IAM
 //!   member, in one of the two GKE Workload Identity ways;
 //! - [`check_member`]: what a namespace may grant (tenant safety);
@@ -13,12 +14,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use google_cloud_iam_v1::model::{Binding, Policy};
+use google_cloud_type::model::Expr;
+
+use crate::crd::IamCondition;
 
 /// ServiceAccount annotation naming the Google service account it acts as.
 pub const GSA_ANNOTATION: &str = "iam.gke.io/gcp-service-account";
 /// Namespace annotation listing the `member:` principals its resources may
 /// grant: comma-separated exact members, `domain:D` or `*SUFFIX` patterns.
 pub const ALLOWED_MEMBERS_ANNOTATION: &str = "bucketmap.dev/allowed-members";
+/// Namespace annotation listing the full role names (beyond the four object
+/// roles) its resources may grant, comma-separated.
+pub const ALLOWED_ROLES_ANNOTATION: &str = "bucketmap.dev/allowed-roles";
 /// IAM policy version the operator reads and writes: the one that carries
 /// conditional bindings, so that none is lost.
 pub const POLICY_VERSION: i32 = 3;
@@ -32,29 +39,57 @@ pub struct WorkloadIdentity {
     pub project_number: String,
 }
 
-/// One grant: an IAM member with a role on the bucket.
+/// One grant: an IAM member with a role on the bucket, under a condition
+/// or not.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Grant {
     /// The member (`serviceAccount:...`, `principal://...`, ...).
     pub member: String,
     /// The full role (`roles/storage.objectViewer`).
     pub role: String,
+    /// The condition of its binding; `None`: unconditional.
+    pub condition: Option<IamCondition>,
 }
 
 impl std::fmt::Display for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} for {}", self.role, self.member)
+        write!(f, "{} for {}", self.role, self.member)?;
+        match &self.condition {
+            Some(c) => write!(f, " if {:?}", c.title),
+            None => Ok(()),
+        }
     }
 }
 
-/// The IAM role of a `spec.access[].role`, or `None` for anything else.
-pub fn role_for(short: &str) -> Option<&'static str> {
+/// The full role of one of the four object roles, or `None`.
+fn object_role(short: &str) -> Option<&'static str> {
     match short {
         "objectViewer" => Some("roles/storage.objectViewer"),
         "objectCreator" => Some("roles/storage.objectCreator"),
         "objectUser" => Some("roles/storage.objectUser"),
         "objectAdmin" => Some("roles/storage.objectAdmin"),
         _ => None,
+    }
+}
+
+/// The IAM role a `spec.access[].role` grants in a namespace whose
+/// [`ALLOWED_ROLES_ANNOTATION`] is `allowed`: the four object roles always,
+/// a full role name only when the annotation lists it. `Err` says why not.
+pub fn role_for(role: &str, namespace: &str, allowed: Option<&str>) -> Result<String, String> {
+    if let Some(full) = object_role(role) {
+        return Ok(full.to_owned());
+    }
+    let listed = allowed
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .any(|r| !r.is_empty() && r == role);
+    if listed {
+        Ok(role.to_owned())
+    } else {
+        Err(format!(
+            "role {role} is not allowed in namespace {namespace}: beyond objectViewer, objectCreator, objectUser and objectAdmin, a role must be listed in the namespace's annotation {ALLOWED_ROLES_ANNOTATION}"
+        ))
     }
 }
 
@@ -174,10 +209,12 @@ impl PolicyEdit {
     }
 }
 
-/// Adds `grant` and removes `revoke` in `policy`'s unconditional bindings,
-/// and sets the policy version to 3. Conditional bindings, other roles,
-/// other members, audit configs and the etag are left as they are; a
-/// binding left without members is dropped. A grant in both sets is kept.
+/// Adds `grant` and removes `revoke` in `policy`, each in the binding of
+/// its role and condition (the same title, description and expression),
+/// and sets the policy version to 3. Other bindings (another condition
+/// included), other members, audit configs and the etag are left as they
+/// are; a binding left without members is dropped. A grant in both sets is
+/// kept.
 pub fn edit_policy(
     policy: &mut Policy,
     grant: &BTreeSet<Grant>,
@@ -185,7 +222,7 @@ pub fn edit_policy(
 ) -> PolicyEdit {
     let mut edit = PolicyEdit::default();
     for g in revoke.difference(grant) {
-        let Some(binding) = unconditional(policy, &g.role) else {
+        let Some(binding) = binding_of(policy, g) else {
             continue;
         };
         let before = binding.members.len();
@@ -194,17 +231,16 @@ pub fn edit_policy(
             edit.removed.insert(g.clone());
         }
     }
-    policy
-        .bindings
-        .retain(|b| b.condition.is_some() || !b.members.is_empty());
+    policy.bindings.retain(|b| !b.members.is_empty());
     for g in grant {
-        match unconditional(policy, &g.role) {
+        match binding_of(policy, g) {
             Some(binding) if binding.members.contains(&g.member) => continue,
             Some(binding) => binding.members.push(g.member.clone()),
             None => policy.bindings.push(
                 Binding::new()
                     .set_role(g.role.clone())
-                    .set_members([g.member.clone()]),
+                    .set_members([g.member.clone()])
+                    .set_or_clear_condition(g.condition.as_ref().map(expr_of)),
             ),
         }
         edit.added.insert(g.clone());
@@ -213,12 +249,32 @@ pub fn edit_policy(
     edit
 }
 
-/// The binding of `role` without a condition.
-fn unconditional<'a>(policy: &'a mut Policy, role: &str) -> Option<&'a mut Binding> {
+/// The binding of `grant`'s role and condition.
+fn binding_of<'a>(policy: &'a mut Policy, grant: &Grant) -> Option<&'a mut Binding> {
+    let wanted = grant.condition.as_ref().map(expr_of);
     policy
         .bindings
         .iter_mut()
-        .find(|b| b.role == role && b.condition.is_none())
+        .find(|b| b.role == grant.role && same_condition(b.condition.as_ref(), wanted.as_ref()))
+}
+
+/// Whether two conditions are the same (IAM keeps a binding per role and
+/// condition; an empty description is no description).
+fn same_condition(a: Option<&Expr>, b: Option<&Expr>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a.title == b.title && a.description == b.description && a.expression == b.expression
+        }
+        _ => false,
+    }
+}
+
+fn expr_of(c: &IamCondition) -> Expr {
+    Expr::new()
+        .set_title(c.title.clone())
+        .set_description(c.description.clone().unwrap_or_default())
+        .set_expression(c.expression.clone())
 }
 
 #[cfg(test)]
@@ -232,6 +288,7 @@ mod tests {
         Grant {
             member: member.into(),
             role: role.into(),
+            condition: None,
         }
     }
 
@@ -243,16 +300,33 @@ mod tests {
     }
 
     #[test]
-    fn only_the_four_object_roles_are_grantable() {
-        assert_eq!(role_for("objectViewer"), Some("roles/storage.objectViewer"));
+    fn the_four_object_roles_always_and_other_roles_only_where_listed() {
+        for short in ["objectViewer", "objectCreator", "objectUser", "objectAdmin"] {
+            let full = format!("roles/storage.{short}");
+            assert_eq!(role_for(short, NS, None), Ok(full.clone()));
+            assert!(role_for(&full, NS, None).is_err(), "{full} needs listing");
+        }
+        let listed = Some("roles/storage.admin, projects/acme/roles/reader");
         assert_eq!(
-            role_for("objectCreator"),
-            Some("roles/storage.objectCreator")
+            role_for("roles/storage.admin", NS, listed),
+            Ok("roles/storage.admin".into())
         );
-        assert_eq!(role_for("objectUser"), Some("roles/storage.objectUser"));
-        assert_eq!(role_for("objectAdmin"), Some("roles/storage.objectAdmin"));
-        for other in ["admin", "roles/storage.admin", "ObjectViewer", ""] {
-            assert_eq!(role_for(other), None, "{other}");
+        assert_eq!(
+            role_for("projects/acme/roles/reader", NS, listed),
+            Ok("projects/acme/roles/reader".into())
+        );
+        for other in [
+            "admin",
+            "ObjectViewer",
+            "",
+            "roles/storage.adm",
+            "projects/acme/roles/*",
+        ] {
+            let refused = role_for(other, NS, listed);
+            assert!(
+                refused.is_err_and(|e| e.contains(ALLOWED_ROLES_ANNOTATION)),
+                "{other}"
+            );
         }
     }
 
@@ -387,6 +461,55 @@ mod tests {
         let edit = edit_policy(&mut policy, &g, &g);
         assert_eq!(edit.added, g, "the declared grant wins over its revocation");
         assert!(edit.removed.is_empty());
+    }
+
+    #[test]
+    fn a_conditional_grant_lives_in_the_binding_of_its_own_condition() {
+        let viewer = "roles/storage.objectViewer";
+        let member = "serviceAccount:app@p.iam.gserviceaccount.com";
+        let until_2030 = conditional(viewer, member);
+        let mut policy = Policy::new().set_bindings([until_2030.clone()]);
+        let reports = IamCondition {
+            title: "reports".into(),
+            description: Some("only reports/".into()),
+            expression: "resource.name.startsWith('projects/_/buckets/b/objects/reports/')".into(),
+        };
+        let g = Grant {
+            condition: Some(reports.clone()),
+            ..grant(member, viewer)
+        };
+        let edit = edit_policy(&mut policy, &BTreeSet::from([g.clone()]), &BTreeSet::new());
+        assert_eq!(edit.added, BTreeSet::from([g.clone()]));
+        assert_eq!(
+            policy.bindings.len(),
+            2,
+            "a binding of its own: {:?}",
+            policy.bindings
+        );
+        assert_eq!(
+            policy.bindings[0], until_2030,
+            "the other condition's binding is kept"
+        );
+        let made = &policy.bindings[1];
+        let expr = made.condition.clone().unwrap_or_default();
+        assert_eq!(
+            (made.role.as_str(), made.members.as_slice()),
+            (viewer, [member.to_owned()].as_slice())
+        );
+        assert_eq!(
+            (expr.title, expr.description, expr.expression),
+            (
+                reports.title,
+                "only reports/".to_owned(),
+                reports.expression
+            )
+        );
+        let again = edit_policy(&mut policy, &BTreeSet::from([g.clone()]), &BTreeSet::new());
+        assert!(again.is_empty(), "{again:?}");
+        // Revoked, its binding goes; the other condition's stays.
+        let edit = edit_policy(&mut policy, &BTreeSet::new(), &BTreeSet::from([g.clone()]));
+        assert_eq!(edit.removed, BTreeSet::from([g]));
+        assert_eq!(policy.bindings, [until_2030]);
     }
 
     fn bytes_of(s: &str) -> Vec<u8> {

@@ -11,7 +11,9 @@ mod common;
 use std::time::Duration;
 
 use bucketmap::crd::Gcs;
-use bucketmap::iam::{ALLOWED_MEMBERS_ANNOTATION, GSA_ANNOTATION, WorkloadIdentity};
+use bucketmap::iam::{
+    ALLOWED_MEMBERS_ANNOTATION, ALLOWED_ROLES_ANNOTATION, GSA_ANNOTATION, WorkloadIdentity,
+};
 use bucketmap_testkit::mock_gcs::{Fault, has_member, iam_proto};
 use common::{Fixture, physical};
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -341,6 +343,20 @@ async fn public_foreign_and_unlisted_members_are_refused() -> TestResult {
             "objectViewer, objectCreator",
         ),
         (
+            json!({"serviceAccount": "app", "role": "roles/owner"}),
+            "a Cloud Storage role (roles/storage.NAME) or a custom role",
+        ),
+        (
+            json!({"serviceAccount": "app", "role": "roles/storage.legacyBucketReader",
+                   "condition": {"title": "t", "expression": "true"}}),
+            "cannot be used with the legacy roles",
+        ),
+        (
+            json!({"serviceAccount": "app", "role": "objectViewer",
+                   "condition": {"title": "t", "expression": ""}}),
+            "should be at least 1 chars long",
+        ),
+        (
             json!({"serviceAccount": "app", "member": "user:a@acme.com", "role": "objectViewer"}),
             "exactly one",
         ),
@@ -393,6 +409,80 @@ async fn public_foreign_and_unlisted_members_are_refused() -> TestResult {
     // Without the namespace's permission the allowed one goes too.
     f.annotate_namespace(ALLOWED_MEMBERS_ANNOTATION, "").await?;
     wait_policy(&f, &physical(&g), "ana revoked", |p| p.bindings.is_empty()).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn conditional_grants_and_allowed_roles_get_bindings_of_their_own() -> TestResult {
+    let f = started().await?;
+    service_account(&f, "app", Some(GSA)).await?;
+    let member = format!("serviceAccount:{GSA}");
+    let custom = "projects/acme-test/roles/reportReader";
+    let reports = json!({"title": "reports", "description": "only reports/",
+        "expression": "resource.name.startsWith('projects/_/buckets/b/objects/reports/')"});
+    // A condition needs uniform bucket-level access, at admission.
+    let no_ubla = json!({"bucketName": "acl", "uniformBucketLevelAccess": false, "access": [
+        {"serviceAccount": "app", "role": "objectViewer", "condition": reports}]});
+    let err = f.create("acl", no_ubla).await.err();
+    let err = err.map(|e| format!("{e:#}")).unwrap_or_default();
+    assert!(err.contains("needs uniformBucketLevelAccess"), "{err}");
+
+    let spec = json!({"bucketName": "photos", "access": [
+        {"serviceAccount": "app", "role": "objectViewer", "condition": reports},
+        {"serviceAccount": "app", "role": "objectViewer"},
+        {"serviceAccount": "app", "role": custom},
+    ]});
+    let id = ready_bucket(&f, "photos", spec).await?;
+    // The custom role waits for the namespace's permission.
+    let g = wait_access(&f, "photos", "AccessNotAllowed").await?;
+    let message = access_condition(&g).map(|c| c.message).unwrap_or_default();
+    assert!(
+        message.contains(ALLOWED_ROLES_ANNOTATION) && message.contains(custom),
+        "{message}"
+    );
+    f.annotate_namespace(ALLOWED_ROLES_ANNOTATION, custom)
+        .await?;
+    wait_access(&f, "photos", "AccessGranted").await?;
+    let policy = wait_policy(&f, &id, "three bindings", |p| p.bindings.len() == 3).await?;
+    let shape: Vec<(&str, Option<&str>, &[String])> = (policy.bindings.iter())
+        .map(|b| {
+            (
+                b.role.as_str(),
+                b.condition.as_ref().map(|c| c.title.as_str()),
+                b.members.as_slice(),
+            )
+        })
+        .collect();
+    let one = std::slice::from_ref(&member);
+    assert!(shape.contains(&(VIEWER, None, one)), "{shape:?}");
+    assert!(shape.contains(&(VIEWER, Some("reports"), one)), "{shape:?}");
+    assert!(shape.contains(&(custom, None, one)), "{shape:?}");
+    assert_eq!(policy.version, 3);
+    let g = f.get("photos").await?;
+    let conditions: Vec<Option<String>> = (g.status.iter().flat_map(|s| &s.access))
+        .map(|a| a.condition.as_ref().map(|c| c.title.clone()))
+        .collect();
+    assert_eq!(conditions.len(), 3, "every grant recorded: {conditions:?}");
+    assert!(
+        conditions.contains(&Some("reports".into())),
+        "{conditions:?}"
+    );
+
+    // The conditional grant removed: only its binding goes.
+    f.merge_spec(
+        "photos",
+        json!({"access": [
+            {"serviceAccount": "app", "role": "objectViewer"},
+            {"serviceAccount": "app", "role": custom},
+        ]}),
+    )
+    .await?;
+    let policy = wait_policy(&f, &id, "the conditional binding revoked", |p| {
+        p.bindings.iter().all(|b| b.condition.is_none())
+    })
+    .await?;
+    assert_eq!(policy.bindings.len(), 2, "{policy:#?}");
+    assert!(has_member(&policy, VIEWER, &member) && has_member(&policy, custom, &member));
     Ok(())
 }
 

@@ -20,7 +20,9 @@ use super::status::StatusWriter;
 use crate::conditions::{ACCESS, reason};
 use crate::crd::{AccessGrant, Gcs, GrantedAccess};
 use crate::gcs::{GcsError, GcsErrorKind, PolicyWrite};
-use crate::iam::{self, ALLOWED_MEMBERS_ANNOTATION, Grant, PolicyEdit, WorkloadIdentity};
+use crate::iam::{
+    self, ALLOWED_MEMBERS_ANNOTATION, ALLOWED_ROLES_ANNOTATION, Grant, PolicyEdit, WorkloadIdentity,
+};
 use crate::{Error, Result};
 
 /// Read-modify-write rounds before a policy that keeps changing is an error.
@@ -37,23 +39,34 @@ struct Resolution {
     refused: Vec<String>,
 }
 
-/// Resolves `access` of a resource in namespace `ns`: `allowed` is the
-/// namespace's allowed-members annotation, `service_account` the
-/// annotations of a ServiceAccount of `ns` by name (`None`: it does not
-/// exist), `pool` the cluster's Workload Identity pool.
+/// What a namespace's annotations allow its resources to grant.
+#[derive(Debug, Default, Clone, Copy)]
+struct Allowed<'a> {
+    /// [`ALLOWED_MEMBERS_ANNOTATION`].
+    members: Option<&'a str>,
+    /// [`ALLOWED_ROLES_ANNOTATION`].
+    roles: Option<&'a str>,
+}
+
+/// Resolves `access` of a resource in namespace `ns`: `allowed` is what
+/// the namespace's annotations allow, `service_account` the annotations
+/// of a ServiceAccount of `ns` by name (`None`: it does not exist), `pool`
+/// the cluster's Workload Identity pool.
 fn resolve(
     ns: &str,
     access: &[AccessGrant],
-    allowed: Option<&str>,
+    allowed: Allowed<'_>,
     service_account: impl Fn(&str) -> Option<BTreeMap<String, String>>,
     pool: Option<&WorkloadIdentity>,
 ) -> Resolution {
     let mut out = Resolution::default();
     for grant in access {
-        let Some(role) = iam::role_for(&grant.role) else {
-            out.refused
-                .push(format!("role {:?} is not a grantable role", grant.role));
-            continue;
+        let role = match iam::role_for(&grant.role, ns, allowed.roles) {
+            Ok(role) => role,
+            Err(why) => {
+                out.refused.push(why);
+                continue;
+            }
         };
         let member = match (&grant.service_account, &grant.member) {
             (Some(sa), None) => match service_account(sa) {
@@ -64,23 +77,29 @@ fn resolve(
                 }
                 Some(annotations) => iam::service_account_member(ns, sa, &annotations, pool),
             },
-            (None, Some(member)) => iam::check_member(ns, member, allowed).map(|()| member.clone()),
+            (None, Some(member)) => {
+                iam::check_member(ns, member, allowed.members).map(|()| member.clone())
+            }
             _ => Err("a grant names exactly one of serviceAccount or member".to_owned()),
         };
         match member {
             Ok(member) => out.granted.push(GrantedAccess {
                 member,
-                role: role.to_owned(),
+                role,
                 service_account: grant.service_account.clone(),
+                condition: grant.condition.clone(),
             }),
             Err(why) => out.refused.push(why),
         }
     }
-    out.granted
-        .sort_by(|a, b| (&a.member, &a.role).cmp(&(&b.member, &b.role)));
-    out.granted
-        .dedup_by(|a, b| a.member == b.member && a.role == b.role);
+    out.granted.sort_by(|a, b| key(a).cmp(&key(b)));
+    out.granted.dedup_by(|a, b| key(a) == key(b));
     out
+}
+
+/// What makes a grant the same grant: member, role and condition.
+fn key(g: &GrantedAccess) -> (&String, &String, &Option<crate::crd::IamCondition>) {
+    (&g.member, &g.role, &g.condition)
 }
 
 fn grants(access: &[GrantedAccess]) -> BTreeSet<Grant> {
@@ -89,6 +108,7 @@ fn grants(access: &[GrantedAccess]) -> BTreeSet<Grant> {
         .map(|a| Grant {
             member: a.member.clone(),
             role: a.role.clone(),
+            condition: a.condition.clone(),
         })
         .collect()
 }
@@ -96,17 +116,27 @@ fn grants(access: &[GrantedAccess]) -> BTreeSet<Grant> {
 /// Resolves `spec.access` with the operator's caches.
 fn resolve_with_caches(obj: &Gcs, ctx: &Context) -> Resolution {
     let ns = obj.namespace().unwrap_or_default();
-    let allowed = ctx
-        .namespaces
-        .get(&ObjectRef::new(&ns))
-        .and_then(|n| n.annotations().get(ALLOWED_MEMBERS_ANNOTATION).cloned());
+    let namespace = ctx.namespaces.get(&ObjectRef::new(&ns));
+    let annotation = |key: &str| {
+        namespace
+            .as_ref()
+            .and_then(|n| n.annotations().get(key).cloned())
+    };
+    let (members, roles) = (
+        annotation(ALLOWED_MEMBERS_ANNOTATION),
+        annotation(ALLOWED_ROLES_ANNOTATION),
+    );
+    let allowed = Allowed {
+        members: members.as_deref(),
+        roles: roles.as_deref(),
+    };
     let lookup = |name: &str| {
         ctx.service_accounts
             .get(&ObjectRef::new(name).within(&ns))
             .map(|sa| sa.annotations().clone())
     };
     let pool = ctx.config.workload_identity.as_ref();
-    resolve(&ns, &obj.spec.access, allowed.as_deref(), lookup, pool)
+    resolve(&ns, &obj.spec.access, allowed, lookup, pool)
 }
 
 /// Puts the grants of `spec.access` in bucket `physical`'s policy and
@@ -157,11 +187,7 @@ async fn record_intent(status: &mut StatusWriter<'_>, granted: &[GrantedAccess])
     let recorded = &status.status.access;
     let new: Vec<GrantedAccess> = granted
         .iter()
-        .filter(|g| {
-            !recorded
-                .iter()
-                .any(|r| r.member == g.member && r.role == g.role)
-        })
+        .filter(|g| !recorded.iter().any(|r| key(r) == key(g)))
         .cloned()
         .collect();
     if new.is_empty() {
@@ -301,6 +327,7 @@ mod tests {
             service_account: Some(name.into()),
             member: None,
             role: role.into(),
+            condition: None,
         }
     }
 
@@ -309,6 +336,7 @@ mod tests {
             service_account: None,
             member: Some(m.into()),
             role: role.into(),
+            condition: None,
         }
     }
 
@@ -336,7 +364,7 @@ mod tests {
             sa("later", "objectViewer"),
             sa("app", "objectUser"),
         ];
-        let r = resolve(NS, &access, None, lookup, Some(&pool()));
+        let r = resolve(NS, &access, Allowed::default(), lookup, Some(&pool()));
         let members: Vec<(&str, &str)> = r
             .granted
             .iter()
@@ -360,7 +388,7 @@ mod tests {
             ["ServiceAccount team-a/later does not exist yet"]
         );
         assert!(r.refused.is_empty());
-        let without_pool = resolve(NS, &access[1..2], None, lookup, None);
+        let without_pool = resolve(NS, &access[1..2], Allowed::default(), lookup, None);
         assert_eq!(without_pool.refused.len(), 1, "{without_pool:?}");
     }
 
@@ -371,24 +399,64 @@ mod tests {
             member("user:eve@evil.com", "objectViewer"),
             member("allUsers", "objectViewer"),
             sa("app", "storage.admin"),
+            sa("app", "roles/storage.admin"),
+            sa("app", "projects/acme/roles/bucketReader"),
         ];
+        let allowed = Allowed {
+            members: Some("domain:acme.com"),
+            roles: Some("projects/acme/roles/bucketReader, roles/storage.objectAdmin"),
+        };
         let r = resolve(
             NS,
             &access,
-            Some("domain:acme.com"),
+            allowed,
             |_| Some(BTreeMap::new()),
             Some(&pool()),
         );
+        let app = "principal://iam.googleapis.com/projects/42/locations/global/workloadIdentityPools/acme.svc.id.goog/subject/ns/team-a/sa/app";
+        let granted: Vec<(&str, &str)> = (r.granted.iter())
+            .map(|g| (g.member.as_str(), g.role.as_str()))
+            .collect();
         assert_eq!(
-            grants(&r.granted),
-            BTreeSet::from([Grant {
-                member: "user:ana@acme.com".into(),
-                role: "roles/storage.objectViewer".into(),
-            }])
+            granted,
+            [
+                (app, "projects/acme/roles/bucketReader"),
+                ("user:ana@acme.com", "roles/storage.objectViewer"),
+            ]
         );
-        assert_eq!(r.refused.len(), 3, "{:?}", r.refused);
+        assert_eq!(r.refused.len(), 4, "{:?}", r.refused);
         assert!(r.refused[0].contains("user:eve@evil.com"));
         assert!(r.refused[1].contains("allUsers"));
-        assert!(r.refused[2].contains("storage.admin"));
+        for refused in &r.refused[2..] {
+            assert!(
+                refused.contains("storage.admin") && refused.contains(ALLOWED_ROLES_ANNOTATION),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_member_and_role_under_two_conditions_are_two_grants() {
+        let condition = |title: &str| crate::crd::IamCondition {
+            title: title.into(),
+            description: None,
+            expression: format!("request.time < timestamp('{title}-01-01T00:00:00Z')"),
+        };
+        let mut a = member("user:ana@acme.com", "objectViewer");
+        a.condition = Some(condition("2030"));
+        let mut b = a.clone();
+        b.condition = Some(condition("2031"));
+        let plain = member("user:ana@acme.com", "objectViewer");
+        let access = [a.clone(), b, plain, a];
+        let allowed = Allowed {
+            members: Some("user:ana@acme.com"),
+            roles: None,
+        };
+        let r = resolve(NS, &access, allowed, |_| None, None);
+        let conditions: Vec<Option<&str>> = (r.granted.iter())
+            .map(|g| g.condition.as_ref().map(|c| c.title.as_str()))
+            .collect();
+        assert_eq!(conditions, [None, Some("2030"), Some("2031")]);
+        assert_eq!(grants(&r.granted).len(), 3);
     }
 }
