@@ -21,6 +21,7 @@
 pub const FIELD_MANAGER: &str = "bucketmap";
 
 pub mod bucket_map;
+pub mod cidr;
 pub mod cli;
 pub mod cluster_id;
 pub mod conditions;

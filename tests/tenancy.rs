@@ -184,6 +184,16 @@ async fn the_webhook_refuses_at_admission_what_the_policy_does_not_allow() -> Te
         refused.is_some_and(|r| r.contains("storage class COLDLINE")),
         "COLDLINE admitted"
     );
+    // An IP filter range GCS would refuse, which CEL cannot see.
+    let host_bits = serde_json::json!({"bucketName": "filtered", "ipFilter": {"mode": "Enabled",
+        "publicNetworkSource": {"allowedIpCidrRanges": ["192.0.2.1/24"]}}});
+    let refused = create_refused(&f, "filtered", host_bits).await?;
+    assert!(
+        refused.as_deref().is_some_and(
+            |r| r.contains("192.0.2.1/24 has host bits set") && r.contains("192.0.2.0/24")
+        ),
+        "{refused:?}"
+    );
 
     f.create("fine", serde_json::json!({"bucketName": "fine"}))
         .await?;

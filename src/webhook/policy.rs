@@ -1,6 +1,8 @@
 //! Refuses, at admission, a `Gcs` the tenancy policy does not allow
 //! ([`crate::tenancy`]), so that `kubectl apply` says why at once; the
 //! controller checks the same policy again before it creates a bucket.
+//! It also refuses the IP filter ranges GCS would refuse and CEL cannot
+//! check ([`crate::cidr`]).
 //!
 //! It is one more entry of the operator's MutatingWebhookConfiguration
 //! (whose `caBundle` the operator keeps current) and only ever denies:
@@ -84,6 +86,9 @@ async fn refusal(request: &AdmissionRequest<DynamicObject>, check: &PolicyCheck)
             == Some(gcs.spec.clone())
     {
         return None;
+    }
+    if let Some(problem) = crate::cidr::ip_filter_problem(&gcs.spec) {
+        return Some(problem);
     }
     judge(&gcs, ns, request.operation == Operation::Create, check)
         .await

@@ -72,6 +72,12 @@ pub struct BenchArgs {
     /// Give up (and fail) when not all resources are Ready within this time.
     #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
     pub ready_timeout: Duration,
+    /// Give every other resource every bucket setting that can be kept in
+    /// sync (encryption, CORS, website, billing, logging, holds, autoclass,
+    /// lifecycle, retention, soft delete, IP filter, labels, versioning):
+    /// the steady state must still read once and write nothing.
+    #[arg(long)]
+    pub settings_on_half: bool,
     /// Measure this `bucketmap` binary (run as `BIN operator ...`) instead of
     /// this binary's own `operator` command: the shipped binary, or a build
     /// of another commit to compare against.
@@ -120,6 +126,11 @@ async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "the operator as shipped (all namespaces, finalizer webhook, bucket map, binding Secrets), pacing off, mock GCS on loopback, resync {:?}\n",
         args.resync
     );
+    if args.settings_on_half {
+        println!(
+            "every other resource has every bucket setting kept in sync (--settings-on-half)\n"
+        );
+    }
     let mut all_ready = true;
     for &shape in &args.shapes {
         let report = measure_shape(&args, shape).await?;
@@ -164,7 +175,14 @@ async fn measure_baseline(
 ) -> anyhow::Result<(Duration, f64)> {
     let before = ApiCounters::read(client).await?;
     let base_ns = namespaces(client, "bench-base", shape.namespaces).await?;
-    let baseline = create_many(client, &base_ns, shape.resources, args.create_parallelism).await?;
+    let baseline = create_many(
+        client,
+        &base_ns,
+        shape.resources,
+        args.create_parallelism,
+        args.settings_on_half,
+    )
+    .await?;
     let cpu = ApiCounters::read(client).await?.cpu - before.cpu;
     for ns in &base_ns {
         let api: Api<Gcs> = Api::namespaced(client.clone(), ns);
@@ -195,6 +213,7 @@ async fn measure_operator(
         &namespaces,
         shape.resources,
         args.create_parallelism,
+        args.settings_on_half,
     )
     .await?;
     wait_all_ready(client, shape.resources, args.ready_timeout).await?;
@@ -255,12 +274,45 @@ async fn namespaces(client: &kube::Client, prefix: &str, k: usize) -> anyhow::Re
     Ok(out)
 }
 
-/// Creates `n` resources spread round-robin over `namespaces`.
+/// Adds to `spec` every setting the operator keeps in sync on an existing
+/// bucket, each set away from GCS's default.
+fn every_setting(spec: &mut serde_json::Value) {
+    let settings = serde_json::json!({
+        "location": "US",
+        "versioning": true,
+        "labels": {"team": "bench", "tier": "gold"},
+        "lifecycleRules": [
+            {"action": {"type": "Delete"}, "condition": {"ageDays": 365, "matchesPrefix": ["tmp/"]}},
+            {"action": {"type": "AbortIncompleteMultipartUpload"}, "condition": {"ageDays": 7}}
+        ],
+        "retentionPolicy": {"retentionPeriodSeconds": 3600},
+        "softDeletePolicy": {"retentionDurationSeconds": 0},
+        "encryption": {"defaultKmsKeyName": "projects/kms/locations/us/keyRings/r/cryptoKeys/k"},
+        "cors": [{"origin": ["https://bench.example.com"], "method": ["GET"], "maxAgeSeconds": 60}],
+        "website": {"mainPageSuffix": "index.html", "notFoundPage": "404.html"},
+        "billing": {"requesterPays": true},
+        "logging": {"logBucket": "bench-logs", "logObjectPrefix": "bench/"},
+        "defaultEventBasedHold": true,
+        "autoclass": {"enabled": true, "terminalStorageClass": "ARCHIVE"},
+        "rpo": "DEFAULT",
+        "ipFilter": {"mode": "Enabled",
+            "publicNetworkSource": {"allowedIpCidrRanges": ["203.0.113.0/24"]},
+            "vpcNetworkSources": [{"network": "projects/net/global/networks/bench",
+                                   "allowedIpCidrRanges": ["10.8.0.0/14"]}]}
+    });
+    if let (Some(spec), serde_json::Value::Object(settings)) = (spec.as_object_mut(), settings) {
+        spec.extend(settings);
+    }
+}
+
+/// Creates `n` resources spread round-robin over `namespaces`, every
+/// other one with [`every_setting`] when `settings_on_half`.
 async fn create_many(
     client: &kube::Client,
     namespaces: &[String],
     n: usize,
     parallelism: usize,
+    settings_on_half: bool,
 ) -> anyhow::Result<Duration> {
     use futures::{StreamExt, TryStreamExt};
     let started = Instant::now();
@@ -269,11 +321,15 @@ async fn create_many(
             let api: Api<Gcs> = Api::namespaced(client.clone(), &namespaces[i % namespaces.len()]);
             async move {
                 let name = format!("g{i:05}");
+                let mut spec = serde_json::json!({"bucketName": name});
+                if settings_on_half && i % 2 == 1 {
+                    every_setting(&mut spec);
+                }
                 let obj: Gcs = serde_json::from_value(serde_json::json!({
                     "apiVersion": "storage.bucketmap.dev/v1alpha1",
                     "kind": "Gcs",
                     "metadata": {"name": name},
-                    "spec": {"bucketName": name},
+                    "spec": spec,
                 }))?;
                 api.create(&PostParams::default(), &obj)
                     .await
