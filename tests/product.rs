@@ -272,3 +272,96 @@ fn the_assembled_image_is_the_one_the_dockerfile_describes() -> anyhow::Result<(
     assert_eq!(expected.len(), 2, "{expected:?}");
     Ok(())
 }
+
+/// The release workflow, parsed.
+fn release_workflow() -> anyhow::Result<serde_yaml::Value> {
+    let path = bucketmap_testkit::repo_path(".github/workflows/release.yml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    Ok(serde_yaml::from_str(&text)?)
+}
+
+#[test]
+fn the_release_publishes_for_both_platforms_the_image_the_chart_pulls() -> anyhow::Result<()> {
+    let workflow = release_workflow()?;
+    let values: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(
+        bucketmap_testkit::repo_path("deploy/chart/bucketmap/values.yaml"),
+    )?)?;
+    let image = workflow["env"]["IMAGE"].as_str().context("env.IMAGE")?;
+    assert_eq!(values["image"]["repository"].as_str(), Some(image));
+    assert_eq!(
+        values["sidecar"]["image"]["repository"].as_str(),
+        Some(image)
+    );
+    let job = &workflow["jobs"]["image"];
+    let platforms: Vec<&str> = (job["strategy"]["matrix"]["include"].as_sequence())
+        .context("a platform matrix")?
+        .iter()
+        .filter_map(|p| p["platform"].as_str())
+        .collect();
+    assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
+    let steps = job["steps"].as_sequence().context("steps")?;
+    let build = steps.iter().find(|s| s["id"].as_str() == Some("build"));
+    let with = &build.context("a build step")?["with"];
+    assert_eq!(with["file"].as_str(), Some("Dockerfile"));
+    assert_eq!(with["sbom"].as_bool(), Some(true));
+    Ok(())
+}
+
+#[test]
+fn the_release_refuses_a_tag_of_another_version() -> anyhow::Result<()> {
+    let script = bucketmap_testkit::repo_path("tools/release/check-version.sh");
+    let run = |tag: &str| Command::new("bash").arg(&script).arg(tag).output();
+    let version = env!("CARGO_PKG_VERSION");
+    let ok = run(&format!("v{version}"))?;
+    assert!(ok.status.success(), "{ok:?}");
+    assert_eq!(String::from_utf8(ok.stdout)?.trim(), version);
+    let other = run("v99.0.0")?;
+    assert!(!other.status.success(), "{other:?}");
+    let why = String::from_utf8(other.stderr)?;
+    assert!(why.contains("versions differ: tag 99.0.0"), "{why}");
+    Ok(())
+}
+
+#[test]
+fn the_released_chart_pulls_both_images_by_the_released_digest() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let values = dir.path().join("values.yaml");
+    std::fs::copy(
+        bucketmap_testkit::repo_path("deploy/chart/bucketmap/values.yaml"),
+        &values,
+    )?;
+    let script = bucketmap_testkit::repo_path("tools/release/pin-digest.sh");
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&values)
+        .arg(&digest)
+        .output()?;
+    assert!(out.status.success(), "{out:?}");
+    let pinned: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&values)?)?;
+    assert_eq!(pinned["image"]["digest"].as_str(), Some(digest.as_str()));
+    assert_eq!(
+        pinned["sidecar"]["image"]["digest"].as_str(),
+        Some(digest.as_str())
+    );
+    let pin = |digest: &str| {
+        Command::new("bash")
+            .arg(&script)
+            .arg(&values)
+            .arg(digest)
+            .output()
+    };
+    let before = std::fs::read_to_string(&values)?;
+    assert!(
+        pin(&digest)?.status.success(),
+        "pinning again changes nothing"
+    );
+    assert_eq!(std::fs::read_to_string(&values)?, before);
+    // Another digest cannot pin both any more: refused, not half done.
+    let other = pin(&format!("sha256:{}", "cd".repeat(32)))?;
+    assert!(!other.status.success(), "{other:?}");
+    assert!(String::from_utf8(other.stderr)?.contains("expected 2 image digests"));
+    assert!(!pin("latest")?.status.success(), "a tag is no digest");
+    Ok(())
+}
