@@ -7,6 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bucketmap::crd::Gcs;
 use bucketmap::tenancy::Policy;
 use bucketmap_testkit::free_port;
 use common::{Fixture, PROJECT, physical};
@@ -88,6 +89,50 @@ async fn the_controller_creates_no_bucket_the_policy_does_not_allow() -> TestRes
         Some("team-project")
     );
     f.assert_every_bucket_owned(&[])?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_resources_racing_for_the_last_place_never_both_take_it() -> TestResult {
+    let mut f = Fixture::new().await?;
+    f.config.tenancy = Arc::new(team_policy(&f.ns, 2)?);
+    f.start_operator().await?;
+    f.create("aaa", serde_json::json!({"bucketName": "aaa"}))
+        .await?;
+    f.wait_ready("aaa").await?;
+    // Both admitted (no webhook here) at once: exactly one takes the last
+    // place, never both (and never neither): each reconcile counts the
+    // other when it is already there, and ranks the two the same way.
+    let (b, c) = tokio::join!(
+        f.create("bbb", serde_json::json!({"bucketName": "bbb"})),
+        f.create("ccc", serde_json::json!({"bucketName": "ccc"})),
+    );
+    b?;
+    c?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (first, second) = loop {
+        let reason = |g: &Gcs| {
+            g.ready_condition()
+                .map(|c| c.reason.clone())
+                .unwrap_or_default()
+        };
+        let (rb, rc) = (reason(&f.get("bbb").await?), reason(&f.get("ccc").await?));
+        match (rb.as_str(), rc.as_str()) {
+            ("BucketReady", "NotAllowedByPolicy") => break ("bbb", "ccc"),
+            ("NotAllowedByPolicy", "BucketReady") => break ("ccc", "bbb"),
+            _ => {}
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "bbb {rb}, ccc {rc}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let message = refusal(&f, second).await?;
+    assert!(message.contains("more than the 2 allowed"), "{message}");
+    assert_eq!(buckets_named(&f, second), 0);
+    assert_eq!(buckets_named(&f, first), 1);
+    assert_eq!(f.gcs.buckets().len(), 2, "the limit holds");
+    // A place freed goes to the one waiting.
+    f.delete(first).await?;
+    f.wait_ready(second).await?;
     Ok(())
 }
 

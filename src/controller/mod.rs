@@ -159,6 +159,27 @@ pub struct Context {
     failures: FailureCounts,
     /// Reconciles doing work at once (waiting for a map write does not count).
     slots: Slots,
+    /// Per namespace, held from counting its buckets against the tenancy
+    /// policy's limit until the new bucket's name is in the status, where
+    /// the next count sees it (`apply::check_policy`).
+    count_locks: CountLocks,
+}
+
+/// One lock per namespace whose buckets are counted.
+#[derive(Default)]
+pub(super) struct CountLocks(
+    std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+);
+
+impl CountLocks {
+    /// Waits for namespace `ns`'s lock.
+    pub(super) async fn lock(&self, ns: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(ns.to_owned()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
 }
 
 /// Entry point of one reconciliation. Its outcome is counted here, before

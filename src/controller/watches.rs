@@ -339,6 +339,7 @@ impl Context {
             namespaces_synced: synced,
             failures: FailureCounts::default(),
             slots: Slots::new(config.concurrency),
+            count_locks: super::CountLocks::default(),
             client,
             gcs,
             metrics,
