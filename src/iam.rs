@@ -79,12 +79,7 @@ pub fn role_for(role: &str, namespace: &str, allowed: Option<&str>) -> Result<St
     if let Some(full) = object_role(role) {
         return Ok(full.to_owned());
     }
-    let listed = allowed
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .any(|r| !r.is_empty() && r == role);
-    if listed {
+    if listed(allowed).any(|r| r == role) {
         Ok(role.to_owned())
     } else {
         Err(format!(
@@ -148,18 +143,19 @@ pub fn check_member(namespace: &str, member: &str, allowed: Option<&str>) -> Res
             "member {member} is an identity of namespace {other}: a grant can only name identities of namespace {namespace}"
         ));
     }
-    let patterns = allowed.unwrap_or_default();
-    if patterns
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .any(|p| pattern_allows(p, member))
-    {
+    if listed(allowed).any(|p| pattern_allows(p, member)) {
         return Ok(());
     }
     Err(format!(
         "member {member} is not allowed in namespace {namespace}: its annotation {ALLOWED_MEMBERS_ANNOTATION} does not list it (exact members, domain:DOMAIN or *SUFFIX patterns)"
     ))
+}
+
+/// The entries of a comma-separated namespace annotation (blank ones left out).
+fn listed(annotation: Option<&str>) -> impl Iterator<Item = &str> {
+    (annotation.unwrap_or_default().split(','))
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
 }
 
 fn pattern_allows(pattern: &str, member: &str) -> bool {

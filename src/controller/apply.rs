@@ -157,24 +157,12 @@ async fn check_policy(
         .get(&ObjectRef::new(&ns))
         .map(|meta| meta.labels().clone())
         .unwrap_or_default();
-    let counts = status.status.bucket_full_name.is_none() && ctx.config.tenancy.limits_count();
-    let guard = match counts {
-        true => Some(ctx.count_locks.lock(&ns).await),
-        false => None,
-    };
-    let buckets = if counts {
-        let api: kube::Api<Gcs> = kube::Api::namespaced(ctx.client.clone(), &ns);
-        let list = api
-            .list(&kube::api::ListParams::default())
-            .await
-            .map_err(|source| crate::Error::Kube {
-                action: format!("count the Gcs resources of namespace {ns}"),
-                source,
-            })?;
-        Some(buckets_with(obj, &list.items))
+    let counted = if status.status.bucket_full_name.is_none() && ctx.config.tenancy.limits_count() {
+        Some(count_buckets(obj, ctx, &ns).await?)
     } else {
         None
     };
+    let (guard, buckets) = counted.unzip();
     let request = crate::tenancy::Request {
         namespace: &ns,
         namespace_labels: &labels,
@@ -198,6 +186,21 @@ async fn check_policy(
 
 /// A namespace's count lock ([`super::CountLocks`]).
 type CountGuard = tokio::sync::OwnedMutexGuard<()>;
+
+/// Takes namespace `ns`'s count lock and counts its buckets as if `obj`
+/// got its own now ([`buckets_with`]).
+async fn count_buckets(obj: &Gcs, ctx: &Context, ns: &str) -> Result<(CountGuard, usize)> {
+    let guard = ctx.count_locks.lock(ns).await;
+    let api: kube::Api<Gcs> = kube::Api::namespaced(ctx.client.clone(), ns);
+    let list = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|source| crate::Error::Kube {
+            action: format!("count the Gcs resources of namespace {ns}"),
+            source,
+        })?;
+    Ok((guard, buckets_with(obj, &list.items)))
+}
 
 /// How many buckets the namespace would have if `obj` got its own now:
 /// the resources that have one, those without one that come before `obj`
