@@ -34,8 +34,12 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 cd "$root"
 target_dir="$(mkdir -p "${CARGO_TARGET_DIR:-target}/pgo" && cd "${CARGO_TARGET_DIR:-target}" && pwd)"
 profile="$target_dir/pgo/sidecar.profdata"
-xz -dc "$packed" >"$profile.new"
-if cmp -s "$profile.new" "$profile"; then rm "$profile.new"; else mv "$profile.new" "$profile"; fi
+# A temporary name of this process's own: CI runs this script twice at once
+# (its background shipped build and the node tests' image build), and a
+# shared name let one run remove the file the other was about to move.
+unpacked="$profile.new.$$"
+xz -dc "$packed" >"$unpacked"
+if cmp -s "$unpacked" "$profile"; then rm "$unpacked"; else mv "$unpacked" "$profile"; fi
 
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$profile" \
   cargo build --profile dist-sidecar --locked -p bucketmap-sidecar --bin bucketmap-sidecar \
