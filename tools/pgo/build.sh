@@ -37,7 +37,7 @@ profile="$target_dir/pgo/sidecar.profdata"
 # A temporary name of this process's own: CI runs this script twice at once
 # (its background shipped build and the node tests' image build), and a
 # shared name let one run remove the file the other was about to move.
-unpacked="$profile.new.$$"
+unpacked="$(mktemp "$profile.new.XXXXXX")"
 xz -dc "$packed" >"$unpacked"
 if cmp -s "$unpacked" "$profile"; then rm "$unpacked"; else mv "$unpacked" "$profile"; fi
 
