@@ -24,6 +24,13 @@ pub const IMMUTABLE_SETTINGS_DIFFER: &str = "ImmutableSettingsDiffer";
 /// stays Ready. Its reason is the type's name.
 pub const RETENTION_POLICY_LOCKED: &str = "RetentionPolicyLocked";
 
+/// Condition type present while the spec declares an IP filter and GCS
+/// hides the bucket's from the operator (it lacks
+/// `storage.buckets.getIpFilter`): the filter is neither compared nor
+/// written, since rewriting what cannot be read would write at every
+/// resync. Its reason is the type's name.
+pub const IP_FILTER_HIDDEN: &str = "IpFilterHidden";
+
 /// Reasons of the `Ready` and `Access` conditions.
 pub mod reason {
     /// The bucket exists, is ours and matches the spec.

@@ -464,6 +464,21 @@ impl GcsClient {
             Err(e) => Err(e),
         }
     }
+
+    /// Whether the operator holds `permission` on the bucket (IAM's
+    /// TestIamPermissions, which needs no permission itself).
+    pub async fn has_permission(&self, bucket: &str, permission: &str) -> GcsResult<bool> {
+        let started = Instant::now();
+        let result = self
+            .control
+            .test_iam_permissions()
+            .set_resource(bucket_resource(bucket))
+            .set_permissions([permission])
+            .send()
+            .await;
+        let granted = self.record("TestIamPermissions", bucket, started, result)?;
+        Ok(granted.permissions.iter().any(|p| p == permission))
+    }
 }
 
 /// Paces bucket creation and deletion per project: GCS allows about one

@@ -171,7 +171,7 @@ fn main() {
 }
 
 /// The unary `google.storage.control.v2.StorageControl` methods the mock
-/// serves (a bucket's IAM policy), as in [`METHODS`]; the message types are
+/// serves (a bucket's IAM policy, the caller's permissions), as in [`METHODS`]; the message types are
 /// `google.iam.v1`'s.
 const CONTROL_METHODS: &[(&str, &str, &str, &str)] = &[
     (
@@ -185,6 +185,12 @@ const CONTROL_METHODS: &[(&str, &str, &str, &str)] = &[
         "SetIamPolicy",
         "SetIamPolicyRequest",
         "Policy",
+    ),
+    (
+        "test_iam_permissions",
+        "TestIamPermissions",
+        "TestIamPermissionsRequest",
+        "TestIamPermissionsResponse",
     ),
 ];
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use bucketmap::crd::Gcs;
 use bucketmap_testkit::mock_gcs::proto;
 use common::{Fixture, PROJECT, physical};
 
@@ -420,6 +421,62 @@ async fn every_setting_is_applied_on_create_and_nothing_is_written_in_sync() -> 
             .iter()
             .all(|c| c.type_ != "ImmutableSettingsDiffer"),
         "{conditions:?}"
+    );
+    Ok(())
+}
+
+/// A role without `storage.buckets.getIpFilter`: GCS returns the bucket
+/// without its filter. The operator says so and writes nothing, rather
+/// than rewrite at every resync a filter it cannot read back.
+#[tokio::test]
+async fn an_ip_filter_hidden_from_the_operator_is_reported_never_rewritten() -> TestResult {
+    let f = Fixture::started().await?;
+    f.gcs.withhold_permission("storage.buckets.getIpFilter");
+    let spec = serde_json::json!({"bucketName": "photos", "ipFilter": {"mode": "Enabled",
+        "publicNetworkSource": {"allowedIpCidrRanges": ["192.0.2.0/24"]}}});
+    f.create("photos", spec).await?;
+    let hidden = |g: &Gcs| {
+        let conditions = g.status.as_ref().map(|s| s.conditions.as_slice());
+        conditions
+            .unwrap_or_default()
+            .iter()
+            .find(|c| c.type_ == "IpFilterHidden" && c.status == "True")
+            .map(|c| c.message.clone())
+    };
+    let g = f
+        .wait_for("photos", Duration::from_secs(60), "IpFilterHidden", |g| {
+            g.is_ready() && hidden(g).is_some()
+        })
+        .await?;
+    let message = hidden(&g).unwrap_or_default();
+    assert!(message.contains("storage.buckets.getIpFilter"), "{message}");
+    let bucket = f.gcs.bucket(&physical(&g)).expect("bucket exists");
+    let ranges = bucket
+        .ip_filter
+        .and_then(|i| i.public_network_source)
+        .map(|p| p.allowed_ip_cidr_ranges);
+    assert_eq!(
+        ranges,
+        Some(vec!["192.0.2.0/24".to_owned()]),
+        "set at create"
+    );
+    f.wait_event("photos", "IpFilterHidden").await?;
+
+    f.gcs.reset_calls();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while f.gcs.call_count("GetBucket") < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no resyncs: {:?}",
+            f.gcs.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(f.gcs.call_count("UpdateBucket"), 0, "{:?}", f.gcs.calls());
+    assert!(
+        f.gcs.call_count("TestIamPermissions") >= 2,
+        "{:?}",
+        f.gcs.calls()
     );
     Ok(())
 }

@@ -19,12 +19,14 @@ use super::status::StatusWriter;
 use super::{Context, PROJECT_ANNOTATION, resync};
 use crate::Result;
 use crate::bucket_map::Verdict;
-use crate::conditions::{self, IMMUTABLE_SETTINGS_DIFFER, RETENTION_POLICY_LOCKED, reason};
+use crate::conditions::{
+    self, IMMUTABLE_SETTINGS_DIFFER, IP_FILTER_HIDDEN, RETENTION_POLICY_LOCKED, reason,
+};
 use crate::crd::{BindingReference, Gcs, GcsStatus};
 use crate::gcs::{GcsError, GcsErrorKind};
 use crate::naming::{self, Identity, Ownership};
 use crate::publish;
-use crate::settings::Settings;
+use crate::settings::{Field, Settings};
 use crate::slots::Slot;
 
 /// The value of a phase, or the end of the reconcile with the phase's action.
@@ -655,7 +657,12 @@ async fn correct_drift(
     adopted_now: bool,
 ) -> Result<()> {
     let observed = Settings::observed(bucket);
-    let drift = request.desired.drift(&observed);
+    let mut drift = request.desired.drift(&observed);
+    if drift.contains(&Field::IpFilter) && bucket.ip_filter.is_none() {
+        check_ip_filter_visible(ctx, status, request, &bucket.bucket_id, &mut drift).await?;
+    } else {
+        status.condition(IP_FILTER_HIDDEN, None);
+    }
     let changes: Vec<String> = drift
         .iter()
         .map(|field| request.desired.describe(&observed, *field))
@@ -686,6 +693,31 @@ async fn correct_drift(
     if request.desired.needs_lock(&observed) {
         lock_retention(ctx, request, physical, metageneration).await?;
     }
+    Ok(())
+}
+
+/// The spec declares an IP filter and GCS returned the bucket without one:
+/// either it has none, or GCS hides it because the operator lacks
+/// `storage.buckets.getIpFilter`. Hidden, the filter leaves `drift` and
+/// condition [`IP_FILTER_HIDDEN`] says why: writing a filter that cannot
+/// be read back would rewrite it at every resync.
+async fn check_ip_filter_visible(
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    request: &BucketRequest<'_>,
+    physical: &str,
+    drift: &mut Vec<Field>,
+) -> Result<()> {
+    const GET_IP_FILTER: &str = "storage.buckets.getIpFilter";
+    if ctx.gcs.has_permission(physical, GET_IP_FILTER).await? {
+        status.condition(IP_FILTER_HIDDEN, None);
+        return Ok(());
+    }
+    drift.retain(|f| *f != Field::IpFilter);
+    let message = format!(
+        "GCS hides the IP filter of bucket {physical} from the operator, which lacks {GET_IP_FILTER}: the filter is neither compared with the spec nor written; grant the operator's role that permission (deploy/gcp/bucketmap-operator-role.yaml)"
+    );
+    warn_condition(ctx, status, request, IP_FILTER_HIDDEN, message);
     Ok(())
 }
 

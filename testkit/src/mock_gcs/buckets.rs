@@ -67,7 +67,16 @@ impl State {
             .then_some(proto::bucket::ObjectRetention { enabled: true });
         super::settings::check(&bucket)?;
         self.buckets.insert(id, bucket.clone());
-        Ok(bucket)
+        Ok(self.as_seen(bucket))
+    }
+
+    /// `bucket` as the caller sees it: without its IP filter unless the
+    /// caller has `storage.buckets.getIpFilter` (GCS leaves the field out).
+    fn as_seen(&self, mut bucket: proto::Bucket) -> proto::Bucket {
+        if self.iam.withheld.contains("storage.buckets.getIpFilter") {
+            bucket.ip_filter = None;
+        }
+        bucket
     }
 
     pub(crate) fn get_bucket(
@@ -79,7 +88,7 @@ impl State {
             request.if_metageneration_match,
             request.if_metageneration_not_match,
         )?;
-        Ok(bucket.clone())
+        Ok(self.as_seen(bucket.clone()))
     }
 
     pub(crate) fn update_bucket(
@@ -115,7 +124,7 @@ impl State {
         touch(&mut updated);
         let id = id.to_string();
         self.buckets.insert(id, updated.clone());
-        Ok(updated)
+        Ok(self.as_seen(updated))
     }
 
     pub(crate) fn delete_bucket(
@@ -170,7 +179,7 @@ impl State {
                     && id.as_str() > request.page_token.as_str()
                     && plain_project(&bucket.project) == project
             })
-            .map(|(_, bucket)| bucket.clone());
+            .map(|(_, bucket)| self.as_seen(bucket.clone()));
         let buckets: Vec<proto::Bucket> = matching.by_ref().take(size).collect();
         let next_page_token = match (matching.next(), buckets.last()) {
             (Some(_), Some(last)) => last.bucket_id.clone(),

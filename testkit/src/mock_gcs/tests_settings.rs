@@ -728,3 +728,54 @@ async fn a_held_object_cannot_be_deleted_until_its_hold_is_released() -> anyhow:
     assert!(handle.objects("held").is_empty(), "released, then deleted");
     Ok(())
 }
+
+#[tokio::test]
+async fn without_get_ip_filter_a_bucket_is_returned_without_its_filter() -> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let client = client(&mock).await?;
+    let filter = ip_filter("Enabled", &["203.0.113.0/24"], &[]);
+    let seen = |b: &Bucket| b.ip_filter.clone();
+    let created = create(
+        &client,
+        "ipf-h",
+        Bucket::new().set_ip_filter(filter.clone()),
+    )
+    .await?;
+    assert_eq!(seen(&created), Some(filter.clone()));
+    let ask = |permissions: &[&str]| {
+        client
+            .test_iam_permissions()
+            .set_resource("projects/_/buckets/ipf-h")
+            .set_permissions(permissions.iter().map(|p| p.to_string()))
+            .send()
+    };
+    let both = ["storage.buckets.get", "storage.buckets.getIpFilter"];
+    assert_eq!(ask(&both).await?.permissions, both);
+
+    mock.handle()
+        .withhold_permission("storage.buckets.getIpFilter");
+    assert_eq!(ask(&both).await?.permissions, ["storage.buckets.get"]);
+    let got = client
+        .get_bucket()
+        .set_name("projects/_/buckets/ipf-h")
+        .send()
+        .await?;
+    assert_eq!(seen(&got), None, "hidden from the caller");
+    let patch = Bucket::new().set_labels([("team", "a")]);
+    let updated = update(&client, "ipf-h", patch, &["labels"]).await?;
+    assert_eq!(seen(&updated), None, "hidden in an update's answer too");
+    let stored = mock.handle().bucket("ipf-h").and_then(|b| b.ip_filter);
+    assert_eq!(
+        stored.map(|f| f.mode),
+        Some(Some("Enabled".to_string())),
+        "still there"
+    );
+    let missing = client
+        .test_iam_permissions()
+        .set_resource("projects/_/buckets/no-such")
+        .set_permissions(["storage.buckets.get"])
+        .send()
+        .await;
+    assert_eq!(refusal(missing).0, Code::NotFound);
+    Ok(())
+}
