@@ -87,6 +87,7 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
     validation = Rule::new("!has(self.rpo) || self.rpo != 'ASYNC_TURBO' || has(self.customPlacementConfig) || (has(self.location) && self.location.upperAscii() in ['NAM4', 'EUR4', 'EUR5', 'EUR7', 'EUR8', 'ASIA1'])").message("rpo ASYNC_TURBO (turbo replication) needs a dual-region bucket: a customPlacementConfig or a predefined dual-region location (NAM4, EUR4, EUR5, EUR7, EUR8, ASIA1)"),
     validation = Rule::new("!has(self.encryption) || !has(self.encryption.defaultKmsKeyName) || has(self.customPlacementConfig) || !has(self.location) || !(self.location.contains('-') || self.location.upperAscii() in ['US', 'EU', 'ASIA']) || self.encryption.defaultKmsKeyName.matches('^projects/[^/]+/locations/' + (self.location.upperAscii() == 'US' ? 'us' : self.location.upperAscii() == 'EU' ? 'europe' : self.location.upperAscii() == 'ASIA' ? 'asia' : self.location.lowerAscii()) + '/')").message("encryption.defaultKmsKeyName must be a key in the bucket's location: its key ring in the bucket's region (a bucket in europe-west1 needs locations/europe-west1), or in us, europe or asia for the US, EU and ASIA multi-regions"),
     validation = Rule::new("!has(self.access) || !self.access.exists(a, has(a.condition)) || !has(self.uniformBucketLevelAccess) || self.uniformBucketLevelAccess").message("an access grant with a condition needs uniformBucketLevelAccess: IAM conditions apply only to buckets without object ACLs"),
+    validation = Rule::new("!has(self.versioning) || !self.versioning || !has(self.retentionPolicy)").message("versioning and retentionPolicy cannot both be set: GCS refuses object versioning on a bucket with a retention policy (soft delete keeps deleted and replaced objects restorable)"),
     validation = Rule::new("!has(self.rpo) || has(self.customPlacementConfig) || (has(self.location) && !self.location.contains('-'))").message("rpo applies to dual- and multi-region buckets only; a bucket in a single region (a location such as europe-west1) has no cross-region replication"),
 )]
 pub struct GcsSpec {
@@ -696,8 +697,9 @@ impl Rpo {
 }
 
 /// One object lifecycle rule.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.action.type != 'AbortIncompleteMultipartUpload' || !(has(self.condition.createdBefore) || has(self.condition.customTimeBefore) || has(self.condition.daysSinceCustomTime) || has(self.condition.isLive) || has(self.condition.numNewerVersions) || has(self.condition.daysSinceNoncurrentTime) || has(self.condition.noncurrentTimeBefore) || has(self.condition.matchesStorageClass))").message("an AbortIncompleteMultipartUpload rule takes only the conditions ageDays, matchesPrefix and matchesSuffix: GCS refuses the others for this action"))]
 pub struct LifecycleRule {
     /// What happens to the objects the condition selects.
     pub action: LifecycleAction,

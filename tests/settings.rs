@@ -227,6 +227,14 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
             "a lifecycle condition needs at least one field",
         ),
         (
+            "{bucketName: photos, lifecycleRules: [{action: {type: AbortIncompleteMultipartUpload}, condition: {ageDays: 7, isLive: true}}]}",
+            "an AbortIncompleteMultipartUpload rule takes only the conditions ageDays, matchesPrefix and matchesSuffix",
+        ),
+        (
+            "{bucketName: photos, versioning: true, retentionPolicy: {retentionPeriodSeconds: 3600}}",
+            "versioning and retentionPolicy cannot both be set",
+        ),
+        (
             "{bucketName: photos, ipFilter: {mode: Enabled}}",
             "ipFilter.mode Enabled needs a publicNetworkSource or vpcNetworkSources",
         ),

@@ -275,11 +275,11 @@ async fn namespaces(client: &kube::Client, prefix: &str, k: usize) -> anyhow::Re
 }
 
 /// Adds to `spec` every setting the operator keeps in sync on an existing
-/// bucket, each set away from GCS's default.
+/// bucket, each set away from GCS's default (but versioning, which GCS
+/// refuses beside the retention policy).
 fn every_setting(spec: &mut serde_json::Value) {
     let settings = serde_json::json!({
         "location": "US",
-        "versioning": true,
         "labels": {"team": "bench", "tier": "gold"},
         "lifecycleRules": [
             {"action": {"type": "Delete"}, "condition": {"ageDays": 365, "matchesPrefix": ["tmp/"]}},

@@ -72,7 +72,24 @@ pub(crate) fn check(bucket: &proto::Bucket) -> Result<(), Status> {
     check_rpo(bucket)?;
     check_encryption(bucket)?;
     check_ip_filter(bucket)?;
+    check_versioning_and_retention(bucket)?;
     check_lifecycle(bucket)
+}
+
+/// GCS: "Retention policies and Object Versioning are mutually exclusive
+/// features": a bucket has at most one of them.
+fn check_versioning_and_retention(bucket: &proto::Bucket) -> Result<(), Status> {
+    let versioned = bucket.versioning.is_some_and(|v| v.enabled);
+    let retained = bucket
+        .retention_policy
+        .is_some_and(|p| p.retention_duration.is_some_and(|d| d.seconds > 0));
+    if versioned && retained {
+        return Err(Status::invalid_argument(format!(
+            "bucket {}: a retention policy and object versioning cannot both be enabled",
+            bucket.bucket_id
+        )));
+    }
+    Ok(())
 }
 
 /// GCS's limits on an IP filter: in all at most 200 ranges and 25 VPC
@@ -190,6 +207,17 @@ fn check_lifecycle(bucket: &proto::Bucket) -> Result<(), Status> {
             || !c.matches_suffix.is_empty();
         if !any {
             return Err(refuse("a rule needs at least one condition".into()));
+        }
+        let beyond_age_and_names = c.is_live.is_some()
+            || c.num_newer_versions.is_some()
+            || c.days_since_custom_time.is_some()
+            || c.days_since_noncurrent_time.is_some()
+            || dates.iter().any(|d| d.is_some())
+            || !c.matches_storage_class.is_empty();
+        if action.r#type == "AbortIncompleteMultipartUpload" && beyond_age_and_names {
+            return Err(refuse(
+                "AbortIncompleteMultipartUpload supports only the age, matchesPrefix and matchesSuffix conditions".into(),
+            ));
         }
         if let Some(bad) = dates.into_iter().flatten().find(|d| !valid_date(d)) {
             return Err(refuse(format!("invalid date {bad:?}")));

@@ -205,6 +205,14 @@ impl State {
     ) -> Result<proto::Object, Status> {
         let bucket = self.existing_bucket(id)?;
         let versioned = bucket.versioning.is_some_and(|v| v.enabled);
+        if !versioned {
+            // Replacing deletes the live generation: refused while held or
+            // retained, as its deletion is.
+            let mut live = self.objects.get(id).into_iter().flatten();
+            if let Some(live) = live.find(|o| o.name == template.name && o.delete_time.is_none()) {
+                super::retention::check_deletable(bucket, live)?;
+            }
+        }
         let storage_class = bucket.storage_class.clone();
         let generation = self.next_generation();
         let time = now();

@@ -648,6 +648,15 @@ async fn objects_under_retention_cannot_be_deleted_until_it_passes() -> anyhow::
         refusal(delete_object(&client, "worm", "young.txt", young.generation).await);
     assert_eq!(code, Code::PermissionDenied);
     assert!(message.contains("retention"), "{message}");
+    // Replacing it would delete it: refused too, and the object is kept.
+    let replaced = handle.put_object("worm", "young.txt");
+    let err = replaced.expect_err("a retained object cannot be replaced");
+    assert!(err.to_string().contains("overwritten"), "{err}");
+    let kept = handle.objects("worm");
+    assert!(
+        kept.iter().any(|o| o.generation == young.generation),
+        "{kept:?}"
+    );
     delete_object(&client, "worm", "old.txt", old.generation).await?;
     assert_eq!(
         handle.objects("worm").len(),
@@ -777,5 +786,66 @@ async fn without_get_ip_filter_a_bucket_is_returned_without_its_filter() -> anyh
         .send()
         .await;
     assert_eq!(refusal(missing).0, Code::NotFound);
+    Ok(())
+}
+
+#[tokio::test]
+async fn versioning_and_a_retention_policy_exclude_each_other() -> anyhow::Result<()> {
+    let mock = MockGcs::start().await?;
+    let client = client(&mock).await?;
+    let versioning = bucket::Versioning::new().set_enabled(true);
+    let both = Bucket::new()
+        .set_versioning(versioning.clone())
+        .set_retention_policy(retention(3600));
+    let (code, message) = refusal(create(&client, "vr-a", both).await);
+    assert_eq!(code, Code::InvalidArgument, "{message}");
+    assert!(message.contains("cannot both be enabled"), "{message}");
+    assert!(mock.handle().bucket("vr-a").is_none());
+    // Added later, either one is refused while the other is on.
+    create(
+        &client,
+        "vr-a",
+        Bucket::new().set_retention_policy(retention(3600)),
+    )
+    .await?;
+    let patch = Bucket::new().set_versioning(versioning);
+    let (code, _) = refusal(update(&client, "vr-a", patch, &["versioning"]).await);
+    assert_eq!(code, Code::InvalidArgument);
+    update(&client, "vr-a", Bucket::new(), &["retention_policy"]).await?;
+    let versioning = bucket::Versioning::new().set_enabled(true);
+    let patch = Bucket::new().set_versioning(versioning);
+    update(&client, "vr-a", patch, &["versioning"]).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn abort_incomplete_uploads_takes_only_age_and_name_conditions() -> anyhow::Result<()> {
+    use bucket::lifecycle::rule::{Action, Condition};
+    let mock = MockGcs::start().await?;
+    let client = client(&mock).await?;
+    let rule = |condition: Condition| {
+        let action = Action::new().set_type("AbortIncompleteMultipartUpload");
+        bucket::lifecycle::Rule::new()
+            .set_action(action)
+            .set_condition(condition)
+    };
+    let with = |condition: Condition| {
+        Bucket::new().set_lifecycle(bucket::Lifecycle::new().set_rule([rule(condition)]))
+    };
+    for refused in [
+        Condition::new().set_age_days(7).set_is_live(true),
+        Condition::new().set_num_newer_versions(2),
+        Condition::new().set_days_since_custom_time(3),
+        Condition::new().set_matches_storage_class(["STANDARD"]),
+    ] {
+        let (code, message) = refusal(create(&client, "aimu-a", with(refused)).await);
+        assert_eq!(code, Code::InvalidArgument, "{message}");
+        assert!(message.contains("only the age, matchesPrefix"), "{message}");
+    }
+    let allowed = Condition::new()
+        .set_age_days(7)
+        .set_matches_prefix(["uploads/"])
+        .set_matches_suffix([".bin"]);
+    create(&client, "aimu-a", with(allowed)).await?;
     Ok(())
 }
