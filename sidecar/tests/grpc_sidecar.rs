@@ -193,6 +193,10 @@ impl Refusals {
                         status.message()
                     )
                 });
+                let reason = error_info_reason(status);
+                checks.check(reason.as_ref().is_some_and(|r| is_reason(r)), || {
+                    format!("{case}: no bucketmap.dev ErrorInfo in the details: {reason:?}")
+                });
             }
         }
         let calls = self.mock.calls();
@@ -201,6 +205,26 @@ impl Refusals {
         });
         self.mock.reset_calls();
     }
+}
+
+/// The reason of the `google.rpc.ErrorInfo` of domain `bucketmap.dev` in
+/// the status's details (the sidecar's own refusals carry one).
+fn error_info_reason(status: &tonic::Status) -> Option<String> {
+    use googleapis_tonic_google_storage_v2::google::rpc;
+    use prost::Message as _;
+    let details = rpc::Status::decode(status.details()).ok()?;
+    details
+        .details
+        .iter()
+        .filter(|any| any.type_url == "type.googleapis.com/google.rpc.ErrorInfo")
+        .filter_map(|any| rpc::ErrorInfo::decode(any.value.as_slice()).ok())
+        .find(|info| info.domain == "bucketmap.dev")
+        .map(|info| info.reason)
+}
+
+/// UPPER_SNAKE_CASE, as `google.rpc.ErrorInfo.reason` is written.
+fn is_reason(reason: &str) -> bool {
+    !reason.is_empty() && reason.chars().all(|c| c.is_ascii_uppercase() || c == '_')
 }
 
 const NOT_FOUND: &[Code] = &[Code::NotFound];
@@ -231,6 +255,12 @@ async fn names_outside_the_map_never_reach_the_upstream() {
 
     let r = storage.get_object(get_object(UNMAPPED, "o")).await;
     judge.check("unmapped name", &r, NOT_FOUND, "");
+    let reason = r.as_ref().err().and_then(error_info_reason);
+    judge.checks.eq(
+        "the unmapped name's reason",
+        reason.as_deref(),
+        Some("UNKNOWN_BUCKET"),
+    );
     let r = storage
         .get_object(get_object(physical("photos"), "o"))
         .await;

@@ -96,12 +96,26 @@ impl Code {
     }
 }
 
-/// A status the sidecar answers or ends a stream with: a code and a message.
+/// A status the sidecar answers or ends a stream with: a code, a message
+/// and, for its own refusals, a reason that machines can match.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
     code: Code,
     message: String,
+    reason: Option<&'static str>,
 }
+
+/// The `google.rpc.ErrorInfo.domain` of the sidecar's own refusals.
+pub const ERROR_DOMAIN: &str = "bucketmap.dev";
+
+/// `google.rpc.ErrorInfo.reason` of a request the sidecar cannot read.
+pub const BAD_REQUEST: &str = "BAD_REQUEST";
+/// `google.rpc.ErrorInfo.reason` of a message beyond the sidecar's limit.
+pub const TOO_LARGE: &str = "TOO_LARGE";
+/// `google.rpc.ErrorInfo.reason` of a call whose own deadline passed.
+pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
+/// `google.rpc.ErrorInfo.reason` of a fault of the sidecar itself.
+pub const INTERNAL: &str = "INTERNAL";
 
 impl Status {
     /// A status of `code` saying `message`.
@@ -109,27 +123,68 @@ impl Status {
         Self {
             code,
             message: message.into(),
+            reason: None,
         }
+    }
+
+    /// This status with `reason` (UPPER_SNAKE_CASE), carried as a
+    /// `google.rpc.ErrorInfo` in its details ([`Status::details`]).
+    pub fn with_reason(mut self, reason: &'static str) -> Self {
+        self.reason = Some(reason);
+        self
+    }
+
+    /// The reason, if the status has one.
+    pub fn reason(&self) -> Option<&'static str> {
+        self.reason
+    }
+
+    /// The encoded `google.rpc.Status` of the `grpc-status-details-bin`
+    /// trailer: code, message and an `ErrorInfo` with the reason and
+    /// [`ERROR_DOMAIN`]. `None` without a reason.
+    pub fn details(&self) -> Option<Vec<u8>> {
+        use prost::encoding::{WireType, encode_key, encode_varint, int32, string};
+        let nested = |tag: u32, bytes: &[u8], out: &mut Vec<u8>| {
+            encode_key(tag, WireType::LengthDelimited, out);
+            encode_varint(bytes.len() as u64, out);
+            out.extend_from_slice(bytes);
+        };
+        let reason = self.reason?;
+        let mut info = Vec::new();
+        string::encode(1, &reason.to_owned(), &mut info);
+        string::encode(2, &ERROR_DOMAIN.to_owned(), &mut info);
+        let mut any = Vec::new();
+        string::encode(
+            1,
+            &"type.googleapis.com/google.rpc.ErrorInfo".to_owned(),
+            &mut any,
+        );
+        nested(2, &info, &mut any);
+        let mut status = Vec::new();
+        int32::encode(1, &(self.code as i32), &mut status);
+        string::encode(2, &self.message, &mut status);
+        nested(3, &any, &mut status);
+        Some(status)
     }
 
     /// `INVALID_ARGUMENT`.
     pub fn invalid_argument(message: impl Into<String>) -> Self {
-        Self::new(Code::InvalidArgument, message)
+        Self::new(Code::InvalidArgument, message).with_reason(BAD_REQUEST)
     }
 
     /// `RESOURCE_EXHAUSTED`.
     pub fn resource_exhausted(message: impl Into<String>) -> Self {
-        Self::new(Code::ResourceExhausted, message)
+        Self::new(Code::ResourceExhausted, message).with_reason(TOO_LARGE)
     }
 
     /// `INTERNAL`.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(Code::Internal, message)
+        Self::new(Code::Internal, message).with_reason(INTERNAL)
     }
 
     /// `DEADLINE_EXCEEDED`.
     pub fn deadline_exceeded(message: impl Into<String>) -> Self {
-        Self::new(Code::DeadlineExceeded, message)
+        Self::new(Code::DeadlineExceeded, message).with_reason(DEADLINE_EXCEEDED)
     }
 
     /// The code.
@@ -177,5 +232,23 @@ mod tests {
         assert_eq!(Code::from_i32(17), Code::Unknown);
         assert_eq!(Code::from_i32(-1), Code::Unknown);
         assert_eq!(code_name(Code::NotFound), "NOT_FOUND");
+    }
+
+    #[test]
+    fn a_reason_travels_as_error_info_in_the_details() {
+        use googleapis_tonic_google_storage_v2::google::rpc;
+        use prost::Message as _;
+        assert_eq!(Status::new(Code::NotFound, "gone").details(), None);
+        let status = Status::new(Code::NotFound, "no such bucket").with_reason("UNKNOWN_BUCKET");
+        let bytes = status.details().expect("details");
+        let decoded = rpc::Status::decode(bytes.as_slice()).expect("a google.rpc.Status");
+        assert_eq!(decoded.code, Code::NotFound as i32);
+        assert_eq!(decoded.message, "no such bucket");
+        assert_eq!(decoded.details.len(), 1);
+        let any = &decoded.details[0];
+        assert_eq!(any.type_url, "type.googleapis.com/google.rpc.ErrorInfo");
+        let info = rpc::ErrorInfo::decode(any.value.as_slice()).expect("an ErrorInfo");
+        assert_eq!(info.reason, "UNKNOWN_BUCKET");
+        assert_eq!(info.domain, ERROR_DOMAIN);
     }
 }

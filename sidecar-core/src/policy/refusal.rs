@@ -7,7 +7,7 @@
 
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::grpc::status::{Code, Status};
+use crate::grpc::status::{BAD_REQUEST, Code, Status, TOO_LARGE};
 
 /// Which API's error format the client expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +48,8 @@ pub enum Kind {
 pub struct Row {
     /// The kind.
     pub kind: Kind,
+    /// The gRPC status's `google.rpc.ErrorInfo.reason`.
+    pub error_info: &'static str,
     /// The HTTP status (JSON and XML APIs).
     pub http: StatusCode,
     /// JSON API `errors[].reason`.
@@ -60,6 +62,7 @@ pub struct Row {
 
 const fn row(
     kind: Kind,
+    error_info: &'static str,
     http: StatusCode,
     reason: &'static str,
     xml_code: &'static str,
@@ -67,6 +70,7 @@ const fn row(
 ) -> Row {
     Row {
         kind,
+        error_info,
         http,
         reason,
         xml_code,
@@ -79,16 +83,16 @@ const fn row(
 pub const TABLE: [Row; 10] = {
     use Kind::*;
     [
-        row(UnknownBucket, StatusCode::NOT_FOUND, "notFound", "NoSuchBucket", Code::NotFound),
-        row(PhysicalName, StatusCode::FORBIDDEN, "forbidden", "AccessDenied", Code::PermissionDenied),
-        row(SignedRequest, StatusCode::BAD_REQUEST, "invalid", "InvalidArgument", Code::InvalidArgument),
-        row(UnsupportedOperation, StatusCode::BAD_REQUEST, "invalid", "InvalidArgument", Code::Unimplemented),
-        row(BadRequest, StatusCode::BAD_REQUEST, "invalid", "InvalidArgument", Code::InvalidArgument),
-        row(TooLarge, StatusCode::PAYLOAD_TOO_LARGE, "payloadTooLarge", "EntityTooLarge", Code::ResourceExhausted),
-        row(NotReady, StatusCode::SERVICE_UNAVAILABLE, "backendNotReady", "ServiceUnavailable", Code::Unavailable),
-        row(CredentialsUnavailable, StatusCode::SERVICE_UNAVAILABLE, "backendError", "ServiceUnavailable", Code::Unavailable),
-        row(BadGateway, StatusCode::BAD_GATEWAY, "backendError", "InternalError", Code::Unavailable),
-        row(GatewayTimeout, StatusCode::GATEWAY_TIMEOUT, "backendError", "RequestTimeout", Code::DeadlineExceeded),
+        row(UnknownBucket, "UNKNOWN_BUCKET", StatusCode::NOT_FOUND, "notFound", "NoSuchBucket", Code::NotFound),
+        row(PhysicalName, "PHYSICAL_NAME", StatusCode::FORBIDDEN, "forbidden", "AccessDenied", Code::PermissionDenied),
+        row(SignedRequest, "SIGNED_REQUEST", StatusCode::BAD_REQUEST, "invalid", "InvalidArgument", Code::InvalidArgument),
+        row(UnsupportedOperation, "UNSUPPORTED_OPERATION", StatusCode::BAD_REQUEST, "invalid", "InvalidArgument", Code::Unimplemented),
+        row(BadRequest, BAD_REQUEST, StatusCode::BAD_REQUEST, "invalid", "InvalidArgument", Code::InvalidArgument),
+        row(TooLarge, TOO_LARGE, StatusCode::PAYLOAD_TOO_LARGE, "payloadTooLarge", "EntityTooLarge", Code::ResourceExhausted),
+        row(NotReady, "NOT_READY", StatusCode::SERVICE_UNAVAILABLE, "backendNotReady", "ServiceUnavailable", Code::Unavailable),
+        row(CredentialsUnavailable, "CREDENTIALS_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE, "backendError", "ServiceUnavailable", Code::Unavailable),
+        row(BadGateway, "BAD_GATEWAY", StatusCode::BAD_GATEWAY, "backendError", "InternalError", Code::Unavailable),
+        row(GatewayTimeout, "GATEWAY_TIMEOUT", StatusCode::GATEWAY_TIMEOUT, "backendError", "RequestTimeout", Code::DeadlineExceeded),
     ]
 };
 
@@ -149,9 +153,11 @@ impl Refusal {
     }
 
     /// The gRPC status the gRPC front end answers with: the code of
-    /// [`TABLE`], the same message.
+    /// [`TABLE`], the same message, and the kind's reason as a
+    /// `google.rpc.ErrorInfo` in its details.
     pub fn grpc_status(&self) -> Status {
-        Status::new(self.grpc_code(), self.message.clone())
+        let row = self.kind.row();
+        Status::new(row.grpc, self.message.clone()).with_reason(row.error_info)
     }
 
     /// A bucket name that no entry of the mapping knows.

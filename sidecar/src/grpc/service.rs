@@ -140,11 +140,13 @@ impl Compression {
     fn decode(&self, payload: &[u8], limit: usize) -> Result<Bytes, Status> {
         match self {
             Self::Gzip => crate::encoding::gunzip(payload, limit).map_err(|e| {
-                Status::invalid_argument(format!("cannot read a gzip gRPC message: {e}"))
+                from_core(CoreStatus::invalid_argument(format!(
+                    "cannot read a gzip gRPC message: {e}"
+                )))
             }),
-            Self::Identity => Err(Status::invalid_argument(
+            Self::Identity => Err(from_core(CoreStatus::invalid_argument(
                 "a compressed gRPC message on a stream without grpc-encoding",
-            )),
+            ))),
             Self::Other(name) => Err(Status::unimplemented(format!(
                 "bucketmap-sidecar reads gzip gRPC messages only, not grpc-encoding {name}"
             ))),
@@ -222,7 +224,9 @@ impl Side for ResponseSide {
 
     fn finish(&mut self, trailers: Option<HeaderMap>) -> Result<Option<HeaderMap>, BoxError> {
         let Some(mut trailers) = trailers else {
-            let status = Status::internal("the gRPC upstream ended its response without a status");
+            let status = from_core(CoreStatus::internal(
+                "the gRPC upstream ended its response without a status",
+            ));
             return self.fail(status).map(Some);
         };
         if let Some(status) = self.failed.take() {
@@ -467,7 +471,11 @@ impl GrpcProxy {
             .uri(uri)
             .version(Version::HTTP_2)
             .body(body)
-            .map_err(|e| Status::internal(format!("cannot build the upstream request: {e}")))?;
+            .map_err(|e| {
+                from_core(CoreStatus::internal(format!(
+                    "cannot build the upstream request: {e}"
+                )))
+            })?;
         *request.headers_mut() = headers;
         Ok(request)
     }
@@ -527,10 +535,14 @@ impl GrpcProxy {
 /// `upstream` (scheme and authority) with the method's path.
 fn upstream_uri(upstream: &Uri, path: &str) -> Result<Uri, Status> {
     let mut parts = upstream.clone().into_parts();
-    parts.path_and_query = Some(
-        path.parse()
-            .map_err(|e| Status::internal(format!("cannot build the upstream path: {e}")))?,
-    );
-    Uri::from_parts(parts)
-        .map_err(|e| Status::internal(format!("cannot build the upstream URL: {e}")))
+    parts.path_and_query = Some(path.parse().map_err(|e| {
+        from_core(CoreStatus::internal(format!(
+            "cannot build the upstream path: {e}"
+        )))
+    })?);
+    Uri::from_parts(parts).map_err(|e| {
+        from_core(CoreStatus::internal(format!(
+            "cannot build the upstream URL: {e}"
+        )))
+    })
 }

@@ -13,9 +13,14 @@ use bucketmap_sidecar_core::rewrite::text::replace_bucket_tokens;
 
 use crate::body::{ProxyBody, empty};
 
-/// The core's status as tonic's, which encodes trailers.
+/// The core's status as tonic's, which encodes trailers (with the
+/// `google.rpc.Status` details of a refusal).
 pub fn from_core(status: rules::Status) -> Status {
-    Status::new(from_core_code(status.code()), status.message().to_owned())
+    let code = from_core_code(status.code());
+    match status.details() {
+        Some(details) => Status::with_details(code, status.message().to_owned(), details.into()),
+        None => Status::new(code, status.message().to_owned()),
+    }
 }
 
 /// The core's code as tonic's (the same number).

@@ -16,6 +16,7 @@ use tonic::Status;
 use super::frame::{Decoder, Message};
 use super::status::from_core;
 use crate::body::BoxError;
+use bucketmap_sidecar_core::grpc::status::Status as CoreStatus;
 
 /// What one direction does with its messages and its end.
 pub trait Side: Send + Sync + Unpin + 'static {
@@ -146,7 +147,9 @@ where
     fn end(&mut self, trailers: Option<HeaderMap>) -> Option<Result<Frame<Bytes>, BoxError>> {
         self.done = true;
         if !self.decoder.is_empty() {
-            let status = Status::invalid_argument("the stream ended inside a gRPC message");
+            let status = from_core(CoreStatus::invalid_argument(
+                "the stream ended inside a gRPC message",
+            ));
             return Some(self.fail(status));
         }
         match self.side.finish(trailers) {
