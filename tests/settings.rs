@@ -380,6 +380,21 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
     Ok(())
 }
 
+/// Forgets the mock's call log, then waits until three resyncs have read
+/// the bucket (at most 30 s): the log then holds what steady state does.
+async fn three_resyncs(f: &Fixture) {
+    f.gcs.reset_calls();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while f.gcs.call_count("GetBucket") < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no resyncs: {:?}",
+            f.gcs.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn every_setting_is_applied_on_create_and_nothing_is_written_in_sync() -> TestResult {
     let f = Fixture::started().await?;
@@ -410,16 +425,7 @@ async fn every_setting_is_applied_on_create_and_nothing_is_written_in_sync() -> 
     );
 
     // In sync: resyncs read, never write.
-    f.gcs.reset_calls();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while f.gcs.call_count("GetBucket") < 3 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no resyncs: {:?}",
-            f.gcs.calls()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    three_resyncs(&f).await;
     assert_eq!(f.gcs.call_count("UpdateBucket"), 0, "{:?}", f.gcs.calls());
     assert_eq!(f.gcs.call_count("CreateBucket"), 0);
     let g = f.get("photos").await?;
@@ -470,16 +476,7 @@ async fn an_ip_filter_hidden_from_the_operator_is_reported_never_rewritten() -> 
     );
     f.wait_event("photos", "IpFilterHidden").await?;
 
-    f.gcs.reset_calls();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while f.gcs.call_count("GetBucket") < 3 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no resyncs: {:?}",
-            f.gcs.calls()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    three_resyncs(&f).await;
     assert_eq!(f.gcs.call_count("UpdateBucket"), 0, "{:?}", f.gcs.calls());
     assert!(
         f.gcs.call_count("TestIamPermissions") >= 2,
