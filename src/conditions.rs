@@ -31,7 +31,11 @@ pub const RETENTION_POLICY_LOCKED: &str = "RetentionPolicyLocked";
 /// resync. Its reason is the type's name.
 pub const IP_FILTER_HIDDEN: &str = "IpFilterHidden";
 
-/// Reasons of the `Ready` and `Access` conditions.
+/// Condition type saying whether every configuration of
+/// `spec.notifications` is in place.
+pub const NOTIFICATIONS: &str = "Notifications";
+
+/// Reasons of the `Ready`, `Access` and `Notifications` conditions.
 pub mod reason {
     /// The bucket exists, is ours and matches the spec.
     pub const BUCKET_READY: &str = "BucketReady";
@@ -75,6 +79,12 @@ pub mod reason {
     pub const BUCKET_NOT_FOUND: &str = "BucketNotFound";
     /// `Adopted`: the bucket was taken under management.
     pub const ADOPTED: &str = "Adopted";
+    /// `Notifications`: every configuration of `spec.notifications` is on
+    /// the bucket.
+    pub const NOTIFICATIONS_READY: &str = "NotificationsReady";
+    /// `Notifications`: GCS refused a topic: it does not exist, or the
+    /// project's Cloud Storage service agent may not publish to it.
+    pub const TOPIC_UNAVAILABLE: &str = "TopicUnavailable";
     /// `Access`: every grant of `spec.access` is in the bucket's policy.
     pub const ACCESS_GRANTED: &str = "AccessGranted";
     /// `Access`: a grant is refused (tenant rules, no identity).

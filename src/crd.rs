@@ -56,6 +56,12 @@ pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
     printcolumn(name = "Class", type_ = "string", json_path = ".spec.storageClass", priority = "1"),
     printcolumn(name = "Autoclass", type_ = "boolean", json_path = ".spec.autoclass.enabled", priority = "1"),
     printcolumn(name = "RPO", type_ = "string", json_path = ".spec.rpo", priority = "1"),
+    printcolumn(
+        name = "Notifications",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Notifications\")].status",
+        priority = "1"
+    ),
     validation = Rule::new("!has(oldSelf.spec.projectID) || (has(self.spec.projectID) && self.spec.projectID == oldSelf.spec.projectID)")
         .message("spec.projectID is immutable once set: GCS cannot move a bucket to another project; create a new Gcs resource instead")
         .field_path(".spec.projectID"),
@@ -265,6 +271,108 @@ pub struct GcsSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub access: Vec<AccessGrant>,
+
+    /// Pub/Sub notifications of object changes: GCS publishes a message to
+    /// each topic for the events listed. The topics must exist and the
+    /// project's Cloud Storage service agent must be allowed to publish to
+    /// them (`roles/pubsub.publisher`); the operator reports a topic it
+    /// cannot use in the `Notifications` condition and creates none.
+    /// Removing an entry deletes the configuration the operator made;
+    /// configurations made outside bucketmap are left alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    #[x_kube(validation = Rule::new("self.all(a, self.exists_one(b, b == a))").message("notifications must not list the same configuration twice: GCS would publish every event twice"))]
+    pub notifications: Vec<Notification>,
+}
+
+/// A Pub/Sub topic name, with or without the `//pubsub.googleapis.com/` prefix.
+const TOPIC: &str = r"^(//pubsub[.]googleapis[.]com/)?projects/([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]/topics/[A-Za-z][-A-Za-z0-9._~+%]{2,254}$";
+
+/// One Pub/Sub notification configuration of the bucket (the GCS JSON API's
+/// `notifications` resource).
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Notification {
+    /// The topic GCS publishes to: `projects/PROJECT/topics/TOPIC` (or with
+    /// the `//pubsub.googleapis.com/` prefix GCS shows).
+    #[schemars(length(max = 340))]
+    #[x_kube(
+        validation = Rule::new(format!("self.matches('{TOPIC}')")).message("notifications[].topic must be a Pub/Sub topic of the form projects/PROJECT/topics/TOPIC (the topic name starts with a letter and has 3 to 255 letters, digits or - . _ ~ + %)"),
+        validation = Rule::new("!self.contains('/topics/goog')").message("notifications[].topic: Pub/Sub reserves topic names that start with 'goog'"),
+    )]
+    pub topic: String,
+    /// What the message carries: `JSON_API_V1` (the object's metadata, the
+    /// default) or `NONE` (attributes only).
+    #[serde(default)]
+    pub payload_format: PayloadFormat,
+    /// The events to publish; absent or empty: all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    #[x_kube(validation = Rule::new("self.all(a, self.exists_one(b, b == a))").message("notifications[].eventTypes must not list an event twice"))]
+    pub event_types: Vec<NotificationEvent>,
+    /// Only objects whose names start with this prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub object_name_prefix: Option<String>,
+    /// Attributes added to every message of this configuration.
+    /// At most 10; values have at most 1024 characters (a Pub/Sub limit).
+    /// Keys must not start with `goog` (Pub/Sub reserves them): the
+    /// operator refuses such a configuration (a rule at admission would
+    /// exceed the API server's cost budget, map keys having no length
+    /// limit there).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 10), extend("additionalProperties" = {"type": "string", "maxLength": 1024}))]
+    pub custom_attributes: BTreeMap<String, String>,
+}
+
+/// The content of a notification's messages.
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord,
+)]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs, clippy::upper_case_acronyms)]
+pub enum PayloadFormat {
+    #[default]
+    #[serde(rename = "JSON_API_V1")]
+    JsonApiV1,
+    #[serde(rename = "NONE")]
+    None,
+}
+
+impl PayloadFormat {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            PayloadFormat::JsonApiV1 => "JSON_API_V1",
+            PayloadFormat::None => "NONE",
+        }
+    }
+}
+
+/// An object event GCS can publish.
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+// Variant doc comments would turn the schema's `enum` into a `oneOf`.
+#[allow(missing_docs)]
+pub enum NotificationEvent {
+    ObjectFinalize,
+    ObjectMetadataUpdate,
+    ObjectDelete,
+    ObjectArchive,
+}
+
+impl NotificationEvent {
+    /// The name GCS uses.
+    pub fn as_gcs(self) -> &'static str {
+        match self {
+            NotificationEvent::ObjectFinalize => "OBJECT_FINALIZE",
+            NotificationEvent::ObjectMetadataUpdate => "OBJECT_METADATA_UPDATE",
+            NotificationEvent::ObjectDelete => "OBJECT_DELETE",
+            NotificationEvent::ObjectArchive => "OBJECT_ARCHIVE",
+        }
+    }
 }
 
 /// An existing bucket to adopt.
@@ -832,6 +940,11 @@ pub struct GcsStatus {
     /// policy is written, so a restart never forgets one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub access: Vec<GrantedAccess>,
+    /// The notification configurations the operator made, recorded before
+    /// they are made; it deletes them when they leave `spec.notifications`.
+    /// They stay with a bucket that is orphaned or abandoned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notifications: Vec<RecordedNotification>,
     /// Latest observations; `Ready` is the one to wait for, `Access` says
     /// whether every grant of `spec.access` is in place.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -856,6 +969,56 @@ pub struct GrantedAccess {
     /// The IAM condition of the grant, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub condition: Option<IamCondition>,
+}
+
+/// A notification configuration the operator made on the bucket: the
+/// fields of [`Notification`] without its admission rules (the status is
+/// written by the operator only), and the id GCS gave it.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedNotification {
+    /// The configuration's id in GCS (absent until GCS assigned it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The topic, as declared.
+    pub topic: String,
+    /// The content of its messages.
+    #[serde(default)]
+    pub payload_format: PayloadFormat,
+    /// Its events (empty: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub event_types: Vec<NotificationEvent>,
+    /// Its object name prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_name_prefix: Option<String>,
+    /// Its message attributes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom_attributes: BTreeMap<String, String>,
+}
+
+impl RecordedNotification {
+    /// `config`, with `id` once GCS gave it one.
+    pub fn new(config: &Notification, id: Option<String>) -> Self {
+        RecordedNotification {
+            id,
+            topic: config.topic.clone(),
+            payload_format: config.payload_format,
+            event_types: config.event_types.clone(),
+            object_name_prefix: config.object_name_prefix.clone(),
+            custom_attributes: config.custom_attributes.clone(),
+        }
+    }
+
+    /// The configuration recorded.
+    pub fn config(&self) -> Notification {
+        Notification {
+            topic: self.topic.clone(),
+            payload_format: self.payload_format,
+            event_types: self.event_types.clone(),
+            object_name_prefix: self.object_name_prefix.clone(),
+            custom_attributes: self.custom_attributes.clone(),
+        }
+    }
 }
 
 /// Reference to a Service Binding Secret in the same namespace.

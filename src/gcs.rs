@@ -18,6 +18,9 @@ use google_cloud_storage::model::{Bucket, Object};
 
 use crate::metrics::Metrics;
 
+mod notifications;
+pub use notifications::NotificationResource;
+
 /// How the operator authenticates to GCS.
 #[derive(Debug, Clone)]
 pub struct GcsConfig {
@@ -118,6 +121,7 @@ pub fn bucket_resource(bucket: &str) -> String {
 #[derive(Clone, Debug)]
 pub struct GcsClient {
     control: StorageControl,
+    json: notifications::JsonApi,
     metrics: Arc<Metrics>,
 }
 
@@ -133,18 +137,26 @@ impl GcsClient {
         if let Some(endpoint) = &config.endpoint {
             builder = builder.with_endpoint(endpoint.clone());
         }
-        if config.anonymous {
-            builder = builder.with_credentials(
-                google_cloud_auth::credentials::anonymous::Builder::new().build(),
-            );
-        }
+        let credentials = if config.anonymous {
+            google_cloud_auth::credentials::anonymous::Builder::new().build()
+        } else {
+            google_cloud_auth::credentials::Builder::default()
+                .build()
+                .map_err(|e| anyhow::anyhow!("cannot load Application Default Credentials: {e}"))?
+        };
+        builder = builder.with_credentials(credentials.clone());
         let control = builder.build().await.map_err(|e| {
             anyhow::anyhow!(
                 "cannot build the GCS client (endpoint {}): {e}",
                 config.endpoint.as_deref().unwrap_or("default")
             )
         })?;
-        Ok(GcsClient { control, metrics })
+        let json = notifications::JsonApi::new(config.endpoint.as_deref(), credentials)?;
+        Ok(GcsClient {
+            control,
+            json,
+            metrics,
+        })
     }
 
     fn record<T>(

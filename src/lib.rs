@@ -33,6 +33,7 @@ pub mod iam;
 pub mod leader;
 pub mod metrics;
 pub mod naming;
+pub mod notifications;
 pub mod permissions;
 pub mod publish;
 pub mod settings;

@@ -30,6 +30,10 @@ pub const PERMISSIONS: &[(&str, &str)] = &[
     // `spec.access`: read-modify-write of the bucket's policy.
     ("GetIamPolicy", "storage.buckets.getIamPolicy"),
     ("SetIamPolicy", "storage.buckets.setIamPolicy"),
+    // `spec.notifications` (JSON API): read them, make and delete them.
+    ("ListNotificationConfigs", "storage.buckets.get"),
+    ("CreateNotificationConfig", "storage.buckets.update"),
+    ("DeleteNotificationConfig", "storage.buckets.update"),
 ];
 
 /// Calls any caller may make, with no permission: TestIamPermissions asks
@@ -49,12 +53,13 @@ pub fn role_permissions() -> Vec<&'static str> {
 mod tests {
     use super::*;
 
-    /// The method names `src/gcs.rs` records its calls under.
+    /// The method names `src/gcs.rs` (gRPC) and `src/gcs/notifications.rs`
+    /// (JSON API) record their calls under.
     fn recorded_calls() -> Vec<String> {
-        let source = include_str!("gcs.rs");
-        source
-            .split("self.record(\"")
-            .skip(1)
+        let grpc = include_str!("gcs.rs").split("self.record(\"");
+        let json = include_str!("gcs/notifications.rs").split("self.record_json(\"");
+        grpc.skip(1)
+            .chain(json.skip(1))
             .filter_map(|rest| rest.split('"').next())
             .map(str::to_owned)
             .collect()

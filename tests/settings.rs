@@ -25,6 +25,7 @@ type TestResult = anyhow::Result<()>;
 
 const KEY: &str = "projects/kms-p/locations/us/keyRings/ring/cryptoKeys/photos";
 const VPC: &str = "projects/net-p/global/networks/prod";
+const TOPIC: &str = "projects/acme-test/topics/photo-events";
 
 /// A spec with every setting of issue 38 set.
 fn every_setting() -> serde_json::Value {
@@ -45,6 +46,8 @@ fn every_setting() -> serde_json::Value {
         "ipFilter": {"mode": "Enabled",
                      "publicNetworkSource": {"allowedIpCidrRanges": ["203.0.113.0/24"]},
                      "vpcNetworkSources": [{"network": VPC, "allowedIpCidrRanges": ["10.8.0.0/14"]}]},
+        "notifications": [{"topic": TOPIC, "eventTypes": ["OBJECT_FINALIZE"],
+                           "objectNamePrefix": "uploads/", "customAttributes": {"app": "photos"}}],
         "lifecycleRules": [
             {"action": {"type": "Delete"}, "condition": {"ageDays": 365}},
             {"action": {"type": "Delete"}, "condition": {
@@ -138,6 +141,26 @@ async fn wait_bucket(
 async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestResult {
     let f = Fixture::new().await?;
     let cases = [
+        (
+            "{bucketName: photos, notifications: [{topic: uploads}]}",
+            "notifications[].topic must be a Pub/Sub topic of the form projects/PROJECT/topics/TOPIC",
+        ),
+        (
+            "{bucketName: photos, notifications: [{topic: projects/acme-test/topics/goog-events}]}",
+            "Pub/Sub reserves topic names that start with 'goog'",
+        ),
+        (
+            "{bucketName: photos, notifications: [{topic: projects/acme-test/topics/t1}, {topic: projects/acme-test/topics/t1, payloadFormat: JSON_API_V1}]}",
+            "notifications must not list the same configuration twice",
+        ),
+        (
+            "{bucketName: photos, notifications: [{topic: projects/acme-test/topics/t1, eventTypes: [OBJECT_DELETE, OBJECT_DELETE]}]}",
+            "notifications[].eventTypes must not list an event twice",
+        ),
+        (
+            "{bucketName: photos, notifications: [{topic: projects/acme-test/topics/t1, eventTypes: [OBJECT_CREATE]}]}",
+            "Unsupported value: \"OBJECT_CREATE\"",
+        ),
         (
             "{bucketName: p, encryption: {defaultKmsKeyName: my-key}}",
             "must be a Cloud KMS key name of the form projects/PROJECT/locations/LOCATION/keyRings/RING/cryptoKeys/KEY",
@@ -380,6 +403,20 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
     Ok(())
 }
 
+/// Waits until bucket `id` has `count` notification configurations.
+async fn wait_notifications(f: &Fixture, id: &str, count: usize, what: &str) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while f.gcs.notifications(id).len() != count {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            f.gcs.notifications(id)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 /// Forgets the mock's call log, then waits until three resyncs have read
 /// the bucket (at most 30 s): the log then holds what steady state does.
 async fn three_resyncs(f: &Fixture) {
@@ -398,11 +435,32 @@ async fn three_resyncs(f: &Fixture) {
 #[tokio::test]
 async fn every_setting_is_applied_on_create_and_nothing_is_written_in_sync() -> TestResult {
     let f = Fixture::started().await?;
+    f.gcs.add_topic(TOPIC);
     f.create("photos", every_setting()).await?;
     let g = f.wait_ready("photos").await?;
     let id = physical(&g);
     let bucket = f.gcs.bucket(&id).expect("bucket exists");
     assert_every_setting(&bucket);
+    f.wait_for(
+        "photos",
+        Duration::from_secs(30),
+        "the notification made",
+        |g| {
+            let conditions = g.status.as_ref().map(|s| s.conditions.as_slice());
+            conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Notifications" && c.status == "True")
+        },
+    )
+    .await?;
+    let notifications = f.gcs.notifications(&id);
+    assert_eq!(notifications.len(), 1, "{notifications:?}");
+    assert_eq!(
+        notifications[0]["topic"],
+        format!("//pubsub.googleapis.com/{TOPIC}")
+    );
+    assert_eq!(notifications[0]["object_name_prefix"], "uploads/");
     assert_eq!(f.gcs.call_count("CreateBucket"), 1);
     let out = f
         .kubectl(&["get", "gcs", "photos", "-o", "wide", "-n", &f.ns])
@@ -415,12 +473,12 @@ async fn every_setting_is_applied_on_create_and_nothing_is_written_in_sync() -> 
     assert_eq!(lines.len(), 2, "{table}");
     assert_eq!(
         lines[0][6..],
-        ["LOCATION", "CLASS", "AUTOCLASS", "RPO"],
+        ["LOCATION", "CLASS", "AUTOCLASS", "RPO", "NOTIFICATIONS"],
         "{table}"
     );
     assert_eq!(
         lines[1][6..],
-        ["US", "STANDARD", "true", "ASYNC_TURBO"],
+        ["US", "STANDARD", "true", "ASYNC_TURBO", "True"],
         "{table}"
     );
 
@@ -428,6 +486,15 @@ async fn every_setting_is_applied_on_create_and_nothing_is_written_in_sync() -> 
     three_resyncs(&f).await;
     assert_eq!(f.gcs.call_count("UpdateBucket"), 0, "{:?}", f.gcs.calls());
     assert_eq!(f.gcs.call_count("CreateBucket"), 0);
+    assert_eq!(f.gcs.call_count("CreateNotificationConfig"), 0);
+    assert_eq!(f.gcs.call_count("DeleteNotificationConfig"), 0);
+    // Each resync reads the bucket, then its notifications (the last one
+    // may not have reached them yet).
+    let (gets, lists) = (
+        f.gcs.call_count("GetBucket"),
+        f.gcs.call_count("ListNotificationConfigs"),
+    );
+    assert!(lists + 1 >= gets && lists >= 2, "{:?}", f.gcs.calls());
     let g = f.get("photos").await?;
     let conditions = g.status.map(|s| s.conditions).unwrap_or_default();
     assert!(
@@ -489,9 +556,12 @@ async fn an_ip_filter_hidden_from_the_operator_is_reported_never_rewritten() -> 
 #[tokio::test]
 async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() -> TestResult {
     let f = Fixture::started().await?;
+    f.gcs.add_topic(TOPIC);
     f.create("photos", every_setting()).await?;
     let id = physical(&f.wait_ready("photos").await?);
+    wait_notifications(&f, &id, 1, "the notification made").await?;
 
+    f.gcs.clear_notifications(&id);
     f.gcs.modify_bucket(&id, |b| {
         b.encryption = None;
         b.cors.clear();
@@ -526,6 +596,7 @@ async fn drift_in_every_mutable_setting_is_corrected_and_spec_changes_applied() 
     .await?;
     assert_every_setting(&b);
     f.wait_event("photos", "Updated").await?;
+    wait_notifications(&f, &id, 1, "the deleted notification made again").await?;
 
     // Settings the spec no longer names are left as the bucket has them.
     f.merge_spec(
@@ -674,9 +745,11 @@ async fn the_all_fields_example_is_admitted_and_created_as_written() -> TestResu
         "rpo",
         "objectRetention",
         "ipFilter",
+        "notifications",
     ] {
         assert!(spec.get(field).is_some(), "{path} lacks {field}");
     }
+    f.gcs.add_topic("projects/acme-staging/topics/log-objects");
     // Only the Gcs is applied here: its ServiceAccount grant waits, Ready does not.
     f.create("logs", spec).await?;
     let g = f.wait_ready("logs").await?;
@@ -699,6 +772,16 @@ async fn the_all_fields_example_is_admitted_and_created_as_written() -> TestResu
     assert_eq!(
         b.logging.map(|l| l.log_object_prefix),
         Some("logs/".to_owned())
+    );
+    wait_notifications(&f, &b.bucket_id, 1, "the example's notification made").await?;
+    let n = &f.gcs.notifications(&b.bucket_id)[0];
+    assert_eq!(
+        n["event_types"],
+        serde_json::json!(["OBJECT_FINALIZE", "OBJECT_DELETE"])
+    );
+    assert_eq!(
+        n["custom_attributes"],
+        serde_json::json!({"source": "bucketmap"})
     );
     Ok(())
 }

@@ -233,6 +233,7 @@ async fn refuse_foreign_resources(
 /// The operator's GCS: the in-memory mock unless `--gcs-endpoint` is given.
 async fn start_gcs(
     args: &DevArgs,
+    examples: &Path,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<(GcsClient, String, Option<MockGcs>)> {
     let (endpoint, anonymous, mock) = match &args.gcs_endpoint {
@@ -241,6 +242,9 @@ async fn start_gcs(
             let mock = MockGcs::start()
                 .await
                 .context("cannot start the mock GCS")?;
+            for topic in example_topics(examples)? {
+                mock.handle().add_topic(&topic);
+            }
             (mock.endpoint(), true, Some(mock))
         }
     };
@@ -279,9 +283,9 @@ fn gcs_objects(applied: &[DynamicObject]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The namespaces of the `Gcs` resources in `dir`, read without applying.
-fn example_namespaces(dir: &Path) -> anyhow::Result<BTreeSet<String>> {
-    let mut namespaces = BTreeSet::new();
+/// The `Gcs` resources in `dir`, read without applying.
+fn example_resources(dir: &Path) -> anyhow::Result<Vec<serde_yaml::Value>> {
+    let mut resources = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let path = entry?.path();
         if !path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
@@ -293,13 +297,39 @@ fn example_namespaces(dir: &Path) -> anyhow::Result<BTreeSet<String>> {
             let value = serde_yaml::Value::deserialize(doc)
                 .with_context(|| format!("invalid YAML in {}", path.display()))?;
             if value.get("kind").and_then(|k| k.as_str()) == Some("Gcs") {
-                let ns = value.get("metadata").and_then(|m| m.get("namespace"));
-                let ns = ns.and_then(|n| n.as_str()).unwrap_or("default");
-                namespaces.insert(ns.to_owned());
+                resources.push(value);
             }
         }
     }
-    Ok(namespaces)
+    Ok(resources)
+}
+
+/// The namespaces of the `Gcs` resources in `dir`.
+fn example_namespaces(dir: &Path) -> anyhow::Result<BTreeSet<String>> {
+    let namespace = |g: &serde_yaml::Value| {
+        let ns = g.get("metadata").and_then(|m| m.get("namespace"));
+        ns.and_then(|n| n.as_str()).unwrap_or("default").to_owned()
+    };
+    Ok(example_resources(dir)?.iter().map(namespace).collect())
+}
+
+/// The Pub/Sub topics the `Gcs` resources in `dir` publish to: the mock
+/// GCS has them, as the project of a real install would.
+fn example_topics(dir: &Path) -> anyhow::Result<BTreeSet<String>> {
+    let mut topics = BTreeSet::new();
+    for g in example_resources(dir)? {
+        let listed = g.get("spec").and_then(|s| s.get("notifications"));
+        for n in listed.and_then(|n| n.as_sequence()).into_iter().flatten() {
+            if let Some(topic) = n.get("topic").and_then(|t| t.as_str()) {
+                topics.insert(
+                    topic
+                        .trim_start_matches("//pubsub.googleapis.com/")
+                        .to_owned(),
+                );
+            }
+        }
+    }
+    Ok(topics)
 }
 
 fn print_summary(cluster: &Cluster, gcs: &str, ready: &[Gcs]) {
@@ -398,7 +428,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         refuse_foreign_resources(&cluster.client, &example_namespaces(&examples)?).await?;
     }
     let metrics = Arc::new(Metrics::default());
-    let (gcs, gcs_shown, mock) = start_gcs(&args, metrics.clone()).await?;
+    let (gcs, gcs_shown, mock) = start_gcs(&args, &examples, metrics.clone()).await?;
     let config = operator_config(&args)?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let operator = tokio::spawn(controller::run(

@@ -185,3 +185,59 @@ async fn two_namespaces_with_the_same_logical_name_reach_their_own_buckets_only(
     let _ = tokio::time::timeout(Duration::from_secs(10), operator).await;
     Ok(())
 }
+
+/// The operator's notification calls (the GCS JSON API) against
+/// fake-gcs-server, which models that resource: what the operator writes
+/// reads back as the same configuration, so a resync plans nothing; a
+/// configuration already deleted is no error; a missing bucket is
+/// `NotFound`.
+#[tokio::test]
+async fn notification_configurations_round_trip_through_fake_gcs_server() -> Result<()> {
+    use bucketmap::crd::{Notification, NotificationEvent, PayloadFormat};
+    use bucketmap::gcs::GcsErrorKind;
+    use bucketmap::notifications::{plan, to_resource};
+
+    let dir = tempfile::tempdir()?;
+    let fake = FakeGcs::start(dir.path(), &["photos-k3x9q2mw"])?;
+    let config = GcsConfig {
+        endpoint: Some(fake.url()),
+        anonymous: true,
+    };
+    let gcs = GcsClient::connect(&config, Arc::new(Metrics::default())).await?;
+    let bucket = "photos-k3x9q2mw";
+    assert!(gcs.list_notifications(bucket).await?.is_empty());
+    let declared = Notification {
+        topic: "projects/acme-test/topics/uploads".into(),
+        payload_format: PayloadFormat::None,
+        event_types: vec![
+            NotificationEvent::ObjectFinalize,
+            NotificationEvent::ObjectDelete,
+        ],
+        object_name_prefix: Some("in/".into()),
+        custom_attributes: [("team".to_owned(), "a".to_owned())].into(),
+    };
+    let created = gcs
+        .insert_notification(bucket, &to_resource(&declared))
+        .await?;
+    let id = created.id.clone().context("fake-gcs-server gives an id")?;
+    let listed = gcs.list_notifications(bucket).await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        listed[0].topic,
+        "//pubsub.googleapis.com/projects/acme-test/topics/uploads"
+    );
+    let in_place = plan(std::slice::from_ref(&declared), &[], &listed);
+    assert!(
+        in_place.create.is_empty() && in_place.delete.is_empty(),
+        "{in_place:?}"
+    );
+    gcs.delete_notification(bucket, &id).await?;
+    assert!(gcs.list_notifications(bucket).await?.is_empty());
+    gcs.delete_notification(bucket, &id).await?;
+    let missing = gcs.list_notifications("no-such-bucket-k3x9").await;
+    assert!(
+        matches!(&missing, Err(e) if e.kind == GcsErrorKind::NotFound),
+        "{missing:?}"
+    );
+    Ok(())
+}

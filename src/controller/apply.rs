@@ -15,6 +15,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 
+use super::notifications::{Synced, sync_notifications};
 use super::status::StatusWriter;
 use super::{Context, PROJECT_ANNOTATION, resync};
 use crate::Result;
@@ -92,9 +93,17 @@ pub(super) async fn apply(
         &bucket.bucket_id,
     ))
     .await?;
+    let notified = Box::pin(sync_notifications(&obj, ctx, status, &bucket.bucket_id)).await?;
     Box::pin(status.flush()).await?;
-    Ok(resync(ctx))
+    Ok(match notified {
+        Synced::Done => resync(ctx),
+        // A topic may be created any moment; look again before the resync.
+        Synced::TopicRefused => Action::requeue(super::jitter(TOPIC_RETRY.min(ctx.config.resync))),
+    })
 }
+
+/// How soon a refused notification topic is tried again.
+const TOPIC_RETRY: Duration = Duration::from_secs(60);
 
 /// Phase 1: the spec is valid and the namespace cache can be trusted.
 async fn validate(

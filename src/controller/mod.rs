@@ -19,6 +19,7 @@ mod cleanup;
 mod fast_tests;
 mod finalizer;
 mod namespaces;
+mod notifications;
 mod scope;
 mod status;
 mod watches;

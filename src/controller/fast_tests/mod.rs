@@ -27,6 +27,8 @@ mod conditions;
 mod fidelity;
 /// The namespace, the tenancy policy, the map budget.
 mod limits;
+/// `spec.notifications`.
+mod notifications;
 /// Buckets found again; settings fixed at creation.
 mod recovery;
 /// Retention lock, deletion under retention, object retention.

@@ -14,8 +14,9 @@
 //! written data, reads in chunks of at most 2 MiB. Object data is kept as
 //! the chunks it arrived in. It also serves the IAM policy of buckets
 //! (`google.storage.control.v2.StorageControl` GetIamPolicy and
-//! SetIamPolicy: etags, version 3 conditional bindings). Other methods
-//! answer UNIMPLEMENTED.
+//! SetIamPolicy: etags, version 3 conditional bindings), and, over
+//! HTTP/1.1 on the same port, the JSON API's notification configurations
+//! (`notifications.rs`). Other methods answer UNIMPLEMENTED.
 //!
 //! Every call is logged ([`MockHandle::calls`]) with its method, target,
 //! final code, request metadata (`x-goog-request-params`, `authorization`,
@@ -35,6 +36,7 @@ mod content;
 mod context;
 mod faults;
 mod iam;
+mod notifications;
 mod objects;
 mod objects_grpc;
 mod retention;
@@ -46,6 +48,8 @@ mod streams;
 mod tests;
 #[cfg(test)]
 mod tests_grpc;
+#[cfg(test)]
+mod tests_notifications;
 #[cfg(test)]
 mod tests_settings;
 
@@ -122,10 +126,18 @@ impl MockGcs {
         let control = Recorded(iam::StorageControlServer::new(iam::ControlService::new(
             handle.state.clone(),
         )));
+        // The JSON API's notification calls share the port, over HTTP/1.1.
+        let json = axum::Router::new().route_service(
+            "/storage/v1/b/{*rest}",
+            Recorded(notifications::JsonApi(handle.state.clone())),
+        );
+        let routes = tonic::service::Routes::from(json)
+            .add_service(service)
+            .add_service(control);
         let server = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(service)
-                .add_service(control)
+                .accept_http1(true)
+                .add_routes(routes)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     // A dropped sender also means stop.
                     let _ = stopped.await;

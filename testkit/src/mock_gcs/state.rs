@@ -49,6 +49,8 @@ pub(crate) struct State {
     pub(crate) controls: Controls,
     /// Buckets' IAM policies (`iam.rs`).
     pub(crate) iam: super::iam::Policies,
+    /// Buckets' notification configurations (`notifications.rs`).
+    pub(crate) notifications: super::notifications::Notifications,
 }
 
 impl State {
