@@ -400,6 +400,14 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
         explained.contains("NEARLINE (GCS's default) or ARCHIVE"),
         "{explained}"
     );
+    let out = f
+        .kubectl(&["explain", "gcs.spec.notifications.payloadFormat"])
+        .await?;
+    let explained = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        explained.contains("`NONE` (attributes only)"),
+        "{explained}"
+    );
     Ok(())
 }
 
