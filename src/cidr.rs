@@ -1,8 +1,8 @@
 //! IP ranges of a bucket's IP filter: GCS takes only a range whose host
-//! bits are zero (`192.0.2.0/24`, not `192.0.2.1/24`). The CRD's CEL checks
-//! the notation; this check, beyond the CEL of the oldest Kubernetes the
-//! chart admits (1.29), runs in the admission webhook so that
-//! `kubectl apply` says so at once.
+//! bits are zero (`192.0.2.0/24`, not `192.0.2.1/24`), and at most 200 of
+//! them. The CRD's CEL checks the notation; these checks, beyond the CEL of
+//! the oldest Kubernetes the chart admits (1.29), run in the admission
+//! webhook so that `kubectl apply` says so at once.
 
 use std::net::IpAddr;
 
@@ -36,15 +36,25 @@ pub fn range_problem(range: &str) -> Option<String> {
     })
 }
 
-/// The first problem among the ranges of `spec.ipFilter`, if any.
+/// GCS's limit on the ranges of one IP filter, public and VPC together.
+pub const MAX_RANGES: usize = 200;
+
+/// The first problem among the ranges of `spec.ipFilter`, if any: too
+/// many (a sum CEL cannot bound on Kubernetes 1.29), or one GCS refuses.
 pub fn ip_filter_problem(spec: &GcsSpec) -> Option<String> {
     let filter = spec.ip_filter.as_ref()?;
     let public = filter.public_network_source.iter();
     let vpcs = filter.vpc_network_sources.iter().flatten();
-    public
+    let mut ranges = public
         .flat_map(|p| &p.allowed_ip_cidr_ranges)
-        .chain(vpcs.flat_map(|v| &v.allowed_ip_cidr_ranges))
-        .find_map(|r| range_problem(r))
+        .chain(vpcs.flat_map(|v| &v.allowed_ip_cidr_ranges));
+    let count = ranges.clone().count();
+    if count > MAX_RANGES {
+        return Some(format!(
+            "ipFilter allows at most {MAX_RANGES} IP ranges in all, public and VPC together (a GCS limit); this one has {count}"
+        ));
+    }
+    ranges.find_map(|r| range_problem(r))
 }
 
 #[cfg(test)]
@@ -98,5 +108,28 @@ mod tests {
         assert_eq!(ip_filter_problem(&spec("10.4.0.0/14")), None);
         let problem = ip_filter_problem(&spec("10.4.0.1/14")).unwrap_or_default();
         assert!(problem.contains("10.4.0.1/14"), "{problem}");
+    }
+
+    #[test]
+    fn at_most_200_ranges_public_and_vpc_together() {
+        let ranges = |n: usize, from: usize| -> Vec<String> {
+            (from..from + n)
+                .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+                .collect()
+        };
+        let spec = |public: usize, vpc: usize| -> GcsSpec {
+            serde_json::from_value(serde_json::json!({"bucketName": "photos", "ipFilter": {
+                "mode": "Enabled",
+                "publicNetworkSource": {"allowedIpCidrRanges": ranges(public, 0)},
+                "vpcNetworkSources": [{"network": "projects/p/global/networks/n",
+                                       "allowedIpCidrRanges": ranges(vpc, public)}]}}))
+            .expect("a valid spec")
+        };
+        assert_eq!(ip_filter_problem(&spec(100, 100)), None);
+        let problem = ip_filter_problem(&spec(101, 100)).unwrap_or_default();
+        assert!(
+            problem.contains("at most 200") && problem.ends_with("has 201"),
+            "{problem}"
+        );
     }
 }

@@ -292,25 +292,6 @@ async fn admission_refuses_each_invalid_setting_with_a_clear_message() -> TestRe
         );
     }
 
-    // At most 200 ranges in all: 101 public and 100 in a VPC network are too many.
-    let ranges = |n: usize, from: usize| -> Vec<String> {
-        (from..from + n)
-            .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
-            .collect()
-    };
-    let too_many = serde_json::json!({"bucketName": "photos", "ipFilter": {"mode": "Enabled",
-        "publicNetworkSource": {"allowedIpCidrRanges": ranges(101, 0)},
-        "vpcNetworkSources": [{"network": VPC, "allowedIpCidrRanges": ranges(100, 101)}]}});
-    let out = f
-        .kubectl_apply(&manifest("bad", &serde_json::to_string(&too_many)?))
-        .await?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "201 ranges were accepted");
-    assert!(
-        stderr.contains("ipFilter allows at most 200 IP ranges in all"),
-        "{stderr}"
-    );
-
     // A key in the bucket's region, or in the multi-region's KMS location.
     for (name, location, key_location) in [
         ("regional", "EUROPE-WEST1", "europe-west1"),

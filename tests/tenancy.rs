@@ -205,6 +205,40 @@ fn operator_with_policy(
         .spawn()?)
 }
 
+/// The IP filter checks CEL cannot express on every Kubernetes the chart
+/// admits: a range GCS would refuse, and more ranges than it allows.
+async fn ip_filter_refusals(f: &Fixture) -> TestResult {
+    // An IP filter range GCS would refuse, which CEL cannot see.
+    let host_bits = serde_json::json!({"bucketName": "filtered", "ipFilter": {"mode": "Enabled",
+        "publicNetworkSource": {"allowedIpCidrRanges": ["192.0.2.1/24"]}}});
+    let refused = create_refused(f, "filtered", host_bits).await?;
+    assert!(
+        refused.as_deref().is_some_and(
+            |r| r.contains("192.0.2.1/24 has host bits set") && r.contains("192.0.2.0/24")
+        ),
+        "{refused:?}"
+    );
+
+    // More ranges than GCS allows, a sum CEL cannot bound on 1.29.
+    let ranges = |n: usize, from: usize| -> Vec<String> {
+        (from..from + n)
+            .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+            .collect()
+    };
+    let too_many = serde_json::json!({"bucketName": "many", "ipFilter": {"mode": "Enabled",
+        "publicNetworkSource": {"allowedIpCidrRanges": ranges(101, 0)},
+        "vpcNetworkSources": [{"network": "projects/net-p/global/networks/prod",
+                               "allowedIpCidrRanges": ranges(100, 101)}]}});
+    let refused = create_refused(f, "many", too_many).await?;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|r| r.contains("ipFilter allows at most 200 IP ranges in all")),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_webhook_refuses_at_admission_what_the_policy_does_not_allow() -> TestResult {
     let f = Fixture::new().await?;
@@ -229,16 +263,7 @@ async fn the_webhook_refuses_at_admission_what_the_policy_does_not_allow() -> Te
         refused.is_some_and(|r| r.contains("storage class COLDLINE")),
         "COLDLINE admitted"
     );
-    // An IP filter range GCS would refuse, which CEL cannot see.
-    let host_bits = serde_json::json!({"bucketName": "filtered", "ipFilter": {"mode": "Enabled",
-        "publicNetworkSource": {"allowedIpCidrRanges": ["192.0.2.1/24"]}}});
-    let refused = create_refused(&f, "filtered", host_bits).await?;
-    assert!(
-        refused.as_deref().is_some_and(
-            |r| r.contains("192.0.2.1/24 has host bits set") && r.contains("192.0.2.0/24")
-        ),
-        "{refused:?}"
-    );
+    ip_filter_refusals(&f).await?;
 
     f.create("fine", serde_json::json!({"bucketName": "fine"}))
         .await?;

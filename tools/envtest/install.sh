@@ -3,7 +3,7 @@
 # integration tests and `cargo dev`, the same ones controller-runtime's
 # envtest runs.
 #
-# Usage: install.sh [--newest]
+# Usage: install.sh [--newest | --oldest]
 #
 # Prints, as the last line of stdout, a directory holding `kube-apiserver` and
 # `etcd`, usable as KUBEBUILDER_ASSETS:
@@ -16,9 +16,10 @@
 # With --newest, the directory holds the kube-apiserver pinned in
 # newest/go.mod (the newest Kubernetes release, which the tests run against
 # besides the pinned one) and the pinned etcd, copied from the pinned
-# directory: k8s-v<NEWEST K8S>-etcd-v<ETCD>. KUBEBUILDER_ASSETS is not read
-# then: it stands for the pinned binaries, and the caller sets it to what this
-# prints for the run against the newest.
+# directory: k8s-v<NEWEST K8S>-etcd-v<ETCD>. --oldest does the same with
+# oldest/go.mod (the oldest release the chart's kubeVersion admits).
+# KUBEBUILDER_ASSETS is not read then: it stands for the pinned binaries,
+# and the caller sets it to what this prints for the run against the other.
 #
 # Progress goes to stderr. Safe to run concurrently.
 set -euo pipefail
@@ -28,16 +29,18 @@ tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$tools_dir/../lib.sh"
 
-newest=false
+# other: the directory of the other release's go.mod (newest/ or oldest/), or empty.
+other=""
 case "$#:${1:-}" in
   0:) ;;
-  1:--newest) newest=true ;;
-  *) die "usage: install.sh [--newest]" ;;
+  1:--newest) other=newest ;;
+  1:--oldest) other=oldest ;;
+  *) die "usage: install.sh [--newest | --oldest]" ;;
 esac
 
 has_assets() { [[ -x "$1/kube-apiserver" && -x "$1/etcd" ]]; }
 
-if [[ $newest == false && -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+if [[ -z $other && -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   if has_assets "$KUBEBUILDER_ASSETS"; then
     printf '%s\n' "$KUBEBUILDER_ASSETS"
     exit 0
@@ -48,7 +51,6 @@ fi
 k8s_version="$(pinned_version k8s.io/kubernetes)"
 etcd_version="$(pinned_version go.etcd.io/etcd/server/v3)"
 assets="$(cache_root)/envtest/k8s-$k8s_version-etcd-$etcd_version"
-newest_dir="$tools_dir/newest"
 
 # check_apiserver_version DIR VERSION: fails unless DIR/kube-apiserver says it
 # is VERSION (the ldflags stamp it; a server that misreports its version
@@ -79,26 +81,26 @@ build() {
   check_apiserver_version "$1" "$k8s_version"
 }
 
-# build_newest DIR: the newest kube-apiserver beside a copy of the pinned etcd
-# (a copy, not a link, so that rebuilding the pinned directory cannot break
-# this one).
-build_newest() {
-  log "building kube-apiserver $newest_version into $newest_assets, with etcd $etcd_version from $assets"
+# build_other DIR: the other release's kube-apiserver beside a copy of the
+# pinned etcd (a copy, not a link, so that rebuilding the pinned directory
+# cannot break this one).
+build_other() {
+  log "building kube-apiserver $other_version into $other_assets, with etcd $etcd_version from $assets"
   log "(first run only; this takes several minutes and needs the Go module proxy or a warm module cache)"
-  (cd "$newest_dir" && go build -trimpath -ldflags="$(kubernetes_ldflags "$newest_version")" \
+  (cd "$tools_dir/$other" && go build -trimpath -ldflags="$(kubernetes_ldflags "$other_version")" \
     -o "$1/" k8s.io/kubernetes/cmd/kube-apiserver) || return 1
   cp -- "$assets/etcd" "$1/etcd" || return 1
-  check_apiserver_version "$1" "$newest_version"
+  check_apiserver_version "$1" "$other_version"
 }
 
 build_once "$assets" has_assets build KUBEBUILDER_ASSETS
-if [[ $newest == false ]]; then
+if [[ -z $other ]]; then
   printf '%s\n' "$assets"
   exit 0
 fi
 
-newest_version="$(pinned_version_in "$newest_dir" k8s.io/kubernetes)"
-newest_assets="$(cache_root)/envtest/k8s-$newest_version-etcd-$etcd_version"
+other_version="$(pinned_version_in "$tools_dir/$other" k8s.io/kubernetes)"
+other_assets="$(cache_root)/envtest/k8s-$other_version-etcd-$etcd_version"
 # No override: KUBEBUILDER_ASSETS names the pinned assets, not these.
-build_once "$newest_assets" has_assets build_newest ""
-printf '%s\n' "$newest_assets"
+build_once "$other_assets" has_assets build_other ""
+printf '%s\n' "$other_assets"
