@@ -167,6 +167,16 @@ impl GcsClient {
         result: std::result::Result<T, google_cloud_storage::Error>,
     ) -> GcsResult<T> {
         let result = result.map_err(|e| GcsError::from_gax(method, bucket, &e));
+        self.observe(method, started, result)
+    }
+
+    /// Counts a finished call of either API by method and result code.
+    fn observe<T>(
+        &self,
+        method: &'static str,
+        started: Instant,
+        result: GcsResult<T>,
+    ) -> GcsResult<T> {
         let code = match &result {
             Ok(_) => "OK",
             Err(e) => e.code_label(),

@@ -174,7 +174,9 @@ pub(super) async fn grant_access(
     Ok(())
 }
 
-fn failure_reason(error: &Error) -> &'static str {
+/// The reason of a condition (`Access`, `Notifications`) whose GCS calls
+/// failed with `error`.
+pub(super) fn failure_reason(error: &Error) -> &'static str {
     match error {
         Error::Gcs(e) if e.kind == GcsErrorKind::PermissionDenied => reason::PERMISSION_DENIED,
         _ => reason::GCS_ERROR,

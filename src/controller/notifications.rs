@@ -88,10 +88,7 @@ fn fail_with_condition<T, E: Into<Error>>(
 ) -> Result<T> {
     result.map_err(|e| {
         let error: Error = e.into();
-        let why = match &error {
-            Error::Gcs(g) if g.kind == GcsErrorKind::PermissionDenied => reason::PERMISSION_DENIED,
-            _ => reason::GCS_ERROR,
-        };
+        let why = super::access::failure_reason(&error);
         status.condition(NOTIFICATIONS, Some((false, why, error.to_string())));
         error
     })

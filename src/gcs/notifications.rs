@@ -185,13 +185,7 @@ impl GcsClient {
             bucket: bucket.to_owned(),
             message,
         });
-        let code = match &result {
-            Ok(_) => "OK",
-            Err(e) => e.code_label(),
-        };
-        self.metrics
-            .observe_gcs_call(method, code, started.elapsed());
-        result
+        self.observe(method, started, result)
     }
 
     /// The bucket's notification configurations.
