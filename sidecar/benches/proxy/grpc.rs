@@ -213,22 +213,63 @@ pub(crate) async fn grpc_write(
     }
 }
 
-/// The gRPC figures: direct to the mock GCS, and via the sidecar.
+/// The paths of the gRPC phase, in the order of the figures.
+pub(crate) const GRPC_PATHS: [&str; 3] = ["direct", "h2 relay", "sidecar"];
+const RELAY: usize = 1;
+const SIDECAR: usize = 2;
+
+/// The gRPC figures: direct to the mock GCS, through the h2 relay, and
+/// through the sidecar; and the HTTP path's metadata GET beside them.
 pub(crate) struct GrpcFigures {
     pub(crate) calls: u32,
     pub(crate) size: u64,
-    /// Unary GetObject latency, direct and via the sidecar.
-    pub(crate) latencies: [Latencies; 2],
-    /// MiB/s per repetition, direct and via the sidecar, per direction.
-    pub(crate) rates: Vec<(Direction, [Vec<f64>; 2])>,
+    /// Unary GetObject latency per path of [`GRPC_PATHS`].
+    pub(crate) latencies: [Latencies; 3],
+    /// The JSON API's metadata GET of an object, direct to the in-process
+    /// upstream and through the same sidecar process, in the same blocks.
+    pub(crate) http: [Latencies; 2],
+    /// MiB/s per repetition and path, per direction.
+    pub(crate) rates: Vec<(Direction, [Vec<f64>; 3])>,
     pub(crate) idle_rss_kib: u64,
     pub(crate) hwm_kib: u64,
     /// The sidecar was sent physical names (`BUCKETMAP_BENCH_GRPC_PHYSICAL`).
     pub(crate) physical: bool,
 }
 
+/// The clients of one gRPC phase: one per gRPC path, and the HTTP path's.
+struct GrpcPaths {
+    grpc: [(GrpcClient, &'static str); 3],
+    http: [Uri; 2],
+}
+
+impl GrpcPaths {
+    /// One block of unary calls on path `index` (0..5: the gRPC paths,
+    /// then HTTP direct and HTTP via the sidecar).
+    async fn block(
+        &mut self,
+        index: usize,
+        client: &HttpClient,
+        samples: &mut [Vec<Duration>; 5],
+    ) -> Result<()> {
+        for _ in 0..GRPC_BLOCK {
+            let took = if let Some((grpc, bucket)) = self.grpc.get_mut(index) {
+                grpc_get(grpc, bucket).await?
+            } else {
+                let (took, body) = get_metadata(client, self.http[index - 3].clone()).await?;
+                let bucket = if index == 3 { PHYSICAL } else { LOGICAL };
+                check_bucket_field(&body, bucket)?;
+                took
+            };
+            samples[index].push(took);
+        }
+        Ok(())
+    }
+}
+
 /// GetObject latency and ReadObject / WriteObject throughput, direct to
-/// the mock GCS and via a sidecar of its own, the paths taking turns.
+/// the mock GCS, through the h2 relay and through a sidecar of its own,
+/// the paths taking turns; the HTTP metadata GET through the same sidecar
+/// in the same blocks.
 pub(crate) async fn grpc_phase(
     settings: &Settings,
     client: &HttpClient,
@@ -241,50 +282,74 @@ pub(crate) async fn grpc_phase(
     let physical = std::env::var_os("BUCKETMAP_BENCH_GRPC_PHYSICAL").is_some_and(|v| v != "0");
     let (mut sidecar, sidecar_addr) =
         start_grpc_sidecar(client, upstream, mock, dir, physical).await?;
+    let (mut relay, relay_addr) = start_h2_relay(mock, dir).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
-    let mut paths = [
-        (grpc_client(mock)?, PHYSICAL),
-        (
-            grpc_client(sidecar_addr)?,
-            if physical { PHYSICAL } else { LOGICAL },
-        ),
-    ];
+    let via = if physical { PHYSICAL } else { LOGICAL };
+    let mut paths = GrpcPaths {
+        grpc: [
+            (grpc_client(mock)?, PHYSICAL),
+            (grpc_client(relay_addr)?, PHYSICAL),
+            (grpc_client(sidecar_addr)?, via),
+        ],
+        http: [
+            Endpoint::plain("direct", upstream, PHYSICAL).metadata(),
+            Endpoint::plain("sidecar", sidecar_addr, LOGICAL).metadata(),
+        ],
+    };
     eprintln!(
-        "[grpc] GetObject: {} calls per path in blocks of {GRPC_BLOCK}, closed loop",
+        "[grpc] GetObject and the HTTP metadata GET: {} calls per path in blocks of {GRPC_BLOCK}, closed loop",
         settings.grpc_calls
     );
-    for (client, bucket) in &mut paths {
-        for _ in 0..GRPC_BLOCK {
-            grpc_get(client, bucket).await?;
-        }
+    let mut samples: [Vec<Duration>; 5] = Default::default();
+    for index in 0..5 {
+        paths.block(index, client, &mut samples).await?;
     }
-    let mut samples: [Vec<Duration>; 2] = Default::default();
+    samples = Default::default();
     for block in 0..settings.grpc_calls.div_ceil(GRPC_BLOCK) as usize {
-        for turn in 0..2 {
-            let index = (block + turn) % 2;
-            let (client, bucket) = &mut paths[index];
-            for _ in 0..GRPC_BLOCK {
-                samples[index].push(grpc_get(client, bucket).await?);
-            }
+        for turn in 0..5 {
+            paths
+                .block((block + turn) % 5, client, &mut samples)
+                .await?;
         }
     }
-    let latencies = samples.map(|s| Latencies::new(s, Vec::new(), Vec::new()));
+    let [d, r, s, hd, hs] = samples.map(|s| Latencies::new(s, Vec::new(), Vec::new()));
+    let rates = grpc_transfers(settings, &mut paths.grpc, chunk).await?;
+    sidecar.check_running()?;
+    relay.check_running()?;
+    let (_, hwm_kib) = memory_kib(sidecar.pid())?;
+    Ok(GrpcFigures {
+        calls: settings.grpc_calls.div_ceil(GRPC_BLOCK) * GRPC_BLOCK,
+        size,
+        latencies: [d, r, s],
+        http: [hd, hs],
+        rates,
+        idle_rss_kib,
+        hwm_kib,
+        physical,
+    })
+}
+
+/// WriteObject and ReadObject of `settings.grpc_big` bytes on every path,
+/// the paths taking turns: MiB/s per repetition.
+async fn grpc_transfers(
+    settings: &Settings,
+    paths: &mut [(GrpcClient, &'static str); 3],
+    chunk: &Bytes,
+) -> Result<Vec<(Direction, [Vec<f64>; 3])>> {
+    let size = settings.grpc_big;
     let mut rates = Vec::new();
     for direction in [Direction::Upload, Direction::Download] {
-        let what = match direction {
-            Direction::Upload => "WriteObject",
-            Direction::Download => "ReadObject",
-        };
+        let what = transfer_name(direction);
         eprintln!(
             "[grpc] {what} of {} MiB, {} repetition(s) per path",
             size / MIB,
             settings.reps
         );
-        let mut per_path: [Vec<f64>; 2] = Default::default();
+        let mut per_path: [Vec<f64>; 3] = Default::default();
         for rep in 0..settings.reps as usize {
-            for turn in 0..2 {
-                let index = (rep + turn) % 2;
+            for turn in 0..3 {
+                let index = (rep + turn) % 3;
                 let (client, bucket) = &mut paths[index];
                 let elapsed = match direction {
                     Direction::Upload => grpc_write(client, bucket, size, chunk).await?,
@@ -293,31 +358,28 @@ pub(crate) async fn grpc_phase(
                 let rate = mib_per_s(size, elapsed);
                 eprintln!(
                     "  {what} {}: {rate:.0} MiB/s ({elapsed:.2?})",
-                    ["direct", "sidecar"][index]
+                    GRPC_PATHS[index]
                 );
                 per_path[index].push(rate);
             }
         }
         rates.push((direction, per_path));
     }
-    sidecar.check_running()?;
-    let (_, hwm_kib) = memory_kib(sidecar.pid())?;
-    Ok(GrpcFigures {
-        calls: settings.grpc_calls.div_ceil(GRPC_BLOCK) * GRPC_BLOCK,
-        size,
-        latencies,
-        rates,
-        idle_rss_kib,
-        hwm_kib,
-        physical,
-    })
+    Ok(rates)
+}
+
+fn transfer_name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Upload => "WriteObject",
+        Direction::Download => "ReadObject",
+    }
 }
 
 impl GrpcFigures {
     pub(crate) fn render(&self, out: &mut String) {
         let _ = writeln!(
             out,
-            "\n### gRPC (google.storage.v2 over h2c, the in-repo mock GCS)\n\nThe mock runs in the bench process on its own thread; the client is the generated tonic client over hyper h2c. Unary `GetObject` of a 595-byte object: {} sequential calls per path (closed loop) in blocks of {GRPC_BLOCK}, the paths taking turns. `WriteObject` (2 MiB messages) and `ReadObject` (the mock's 2 MiB chunks) of {} MiB: median MiB/s (range) of the repetitions. Ratios are via the sidecar against direct.\n",
+            "\n### gRPC (google.storage.v2 over h2c, the in-repo mock GCS)\n\nThe mock runs in the bench process on its own thread; the client is the generated tonic client over hyper h2c. Paths: direct, the **h2 relay** (an h2c server forwarding each stream over the sidecar's HTTP/2 upstream client, no logic: the floor of a gRPC proxy built on hyper) and the sidecar. Unary `GetObject` of a 595-byte object: {} sequential calls per path (closed loop) in blocks of {GRPC_BLOCK}, the paths taking turns with the JSON API's metadata GET of an object, direct to the in-process upstream and through the same sidecar process. `WriteObject` (2 MiB messages) and `ReadObject` (the mock's 2 MiB chunks) of {} MiB: median MiB/s (range) of the repetitions.\n",
             self.calls,
             self.size / MIB
         );
@@ -327,58 +389,84 @@ impl GrpcFigures {
                 "Via the sidecar with `--allow-physical-names`, physical names: no name was rewritten.\n"
             );
         }
-        let _ = writeln!(out, "| GetObject | p50 | p90 | p99 | max |");
-        let _ = writeln!(out, "|---|---|---|---|---|");
-        let [direct, via] = &self.latencies;
-        for (label, lat) in [("direct", direct), ("via sidecar", via)] {
-            let mut row = format!("| {label} |");
-            for p in [50.0, 90.0, 99.0] {
-                let value = lat.percentile(p);
-                let _ = write!(row, " {}", fmt_duration(value));
-                if std::ptr::eq(lat, via) {
-                    let base = direct.percentile(p);
-                    let _ = write!(
-                        row,
-                        " ({:.2}×, {})",
-                        ratio(value.as_secs_f64(), base.as_secs_f64()),
-                        fmt_added(value, base)
-                    );
-                }
-                row.push_str(" |");
-            }
-            let _ = writeln!(out, "{row} {} |", fmt_duration(lat.max()));
-        }
-        let _ = writeln!(out, "\n| transfer | direct | via sidecar | ratio |");
-        let _ = writeln!(out, "|---|---|---|---|");
-        for (direction, rates) in &self.rates {
-            let what = match direction {
-                Direction::Upload => "WriteObject",
-                Direction::Download => "ReadObject",
-            };
-            let cell = |values: &[f64]| {
-                let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-                let hi = values.iter().copied().fold(0.0, f64::max);
-                if values.len() > 1 {
-                    format!("{:.0} MiB/s ({lo:.0}–{hi:.0})", median(values))
-                } else {
-                    format!("{:.0} MiB/s", median(values))
-                }
-            };
-            let r = ratio(median(&rates[1]), median(&rates[0]));
-            let _ = writeln!(
-                out,
-                "| {what} {} MiB | {} | {} | {:.1} % |",
-                self.size / MIB,
-                cell(&rates[0]),
-                cell(&rates[1]),
-                r * 100.0,
-            );
-        }
+        self.render_latencies(out);
+        self.render_rates(out);
         let _ = writeln!(
             out,
             "\nThe gRPC sidecar's RSS: {} idle, peak (`VmHWM`) {} after all of the above.",
             mib(self.idle_rss_kib),
             mib(self.hwm_kib)
         );
+    }
+
+    fn render_latencies(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "| call, path | p50 (added) | p90 (added) | p99 (added) | max |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        let [direct, ..] = &self.latencies;
+        let [http_direct, http_via] = &self.http;
+        let rows = [
+            ("GetObject, direct", &self.latencies[0], direct),
+            ("GetObject, h2 relay", &self.latencies[RELAY], direct),
+            ("GetObject, sidecar", &self.latencies[SIDECAR], direct),
+            ("HTTP metadata GET, direct", http_direct, http_direct),
+            ("HTTP metadata GET, sidecar", http_via, http_direct),
+        ];
+        for (label, lat, base) in rows {
+            let mut row = format!("| {label} |");
+            for p in [50.0, 90.0, 99.0] {
+                let value = lat.percentile(p);
+                let _ = write!(row, " {}", fmt_duration(value));
+                if !std::ptr::eq(lat, base) {
+                    let _ = write!(row, " ({})", fmt_added(value, base.percentile(p)));
+                }
+                row.push_str(" |");
+            }
+            let _ = writeln!(out, "{row} {} |", fmt_duration(lat.max()));
+        }
+        let added = |via: &Latencies, direct: &Latencies| {
+            via.percentile(50.0).as_secs_f64() - direct.percentile(50.0).as_secs_f64()
+        };
+        let grpc = added(&self.latencies[SIDECAR], direct);
+        let http = added(http_via, http_direct);
+        let _ = writeln!(
+            out,
+            "\nAdded p50 of the sidecar, gRPC `GetObject` ÷ HTTP metadata GET: {:.2}× (target ≤ 1.00×: {}).",
+            ratio(grpc, http),
+            verdict(grpc <= http)
+        );
+    }
+
+    fn render_rates(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\n| transfer | direct | h2 relay | sidecar | sidecar ÷ h2 relay (target ≥ 90 %) |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        let cell = |values: &[f64]| {
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = values.iter().copied().fold(0.0, f64::max);
+            if values.len() > 1 {
+                format!("{:.0} MiB/s ({lo:.0}–{hi:.0})", median(values))
+            } else {
+                format!("{:.0} MiB/s", median(values))
+            }
+        };
+        for (direction, rates) in &self.rates {
+            let r = ratio(median(&rates[SIDECAR]), median(&rates[RELAY]));
+            let _ = writeln!(
+                out,
+                "| {} {} MiB | {} | {} | {} | {:.1} % ({}) |",
+                transfer_name(*direction),
+                self.size / MIB,
+                cell(&rates[0]),
+                cell(&rates[RELAY]),
+                cell(&rates[SIDECAR]),
+                r * 100.0,
+                verdict(r >= 0.9),
+            );
+        }
     }
 }

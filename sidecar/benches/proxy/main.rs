@@ -866,6 +866,9 @@ fn main() -> std::process::ExitCode {
     if let Ok(spec) = std::env::var(HTTP_RELAY_ENV) {
         return http_relay_main(&spec);
     }
+    if let Ok(spec) = std::env::var(H2_RELAY_ENV) {
+        return h2_relay_main(&spec);
+    }
     if let Err(e) = build_shipped_sidecar().and_then(|()| build_release_sidecar()) {
         eprintln!("bench: {e:#}");
         return std::process::ExitCode::FAILURE;
