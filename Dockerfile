@@ -4,6 +4,8 @@
 #   bucketmap-sidecar  (the per-pod proxy)
 # The sidecar and the operator carry their own web PKI roots (webpki-roots),
 # and distroless/cc adds the system CA bundle as well.
+# Renovate (renovate.json) pins both base images by digest, and keeps the
+# pins current, in reviewed pull requests.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .

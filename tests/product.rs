@@ -308,6 +308,38 @@ fn the_release_publishes_for_both_platforms_the_image_the_chart_pulls() -> anyho
     Ok(())
 }
 
+/// Every action a workflow uses is pinned by a full commit hash, with the
+/// release it is in named in a comment: a tag can be moved to other code,
+/// a commit cannot.
+#[test]
+fn workflows_pin_every_action_by_commit() -> anyhow::Result<()> {
+    let dir = bucketmap_testkit::repo_path(".github/workflows");
+    let mut pinned = 0;
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)?;
+        for (number, line) in text.lines().enumerate() {
+            let Some((_, used)) = line.split_once("uses:") else {
+                continue;
+            };
+            let at = format!("{}:{}", path.display(), number + 1);
+            let (action, comment) = used.split_once('#').unwrap_or((used, ""));
+            let commit = action.trim().rsplit_once('@').map_or("", |(_, rev)| rev);
+            let hex = commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit());
+            anyhow::ensure!(hex, "{at}: {} is not pinned by commit", action.trim());
+            let release = comment.trim();
+            anyhow::ensure!(
+                release.starts_with('v') && release[1..].split('.').count() == 3,
+                "{at}: {} names no release (# vX.Y.Z)",
+                action.trim()
+            );
+            pinned += 1;
+        }
+    }
+    anyhow::ensure!(pinned > 0, "no action found under {}", dir.display());
+    Ok(())
+}
+
 #[test]
 fn the_release_refuses_a_tag_of_another_version() -> anyhow::Result<()> {
     let script = bucketmap_testkit::repo_path("tools/release/check-version.sh");
