@@ -358,13 +358,20 @@ fn print_summary(cluster: &Cluster, gcs: &str, ready: &[Gcs]) {
     println!("  try: {} get gcs -A", cluster.kubectl);
 }
 
+/// Builds the demo's sidecar when it is missing or older than this binary.
+async fn build_sidecar() -> anyhow::Result<std::path::PathBuf> {
+    crate::binaries::sibling("bucketmap-sidecar", "bucketmap-sidecar").await
+}
+
 /// The data plane: the sidecar with one namespace's map, and an example app
 /// writing through it (staging/photos when present).
 async fn start_demo(
     client: &kube::Client,
     ready: &[Gcs],
     grpc_upstream: Option<&str>,
+    sidecar_build: tokio::task::JoinHandle<anyhow::Result<std::path::PathBuf>>,
 ) -> anyhow::Result<Option<crate::demo::Demo>> {
+    sidecar_build.await.context("the sidecar's build task")??;
     let target = ready
         .iter()
         .find(|g| g.namespace().as_deref() == Some("staging") && g.spec.bucket_name == "photos")
@@ -423,6 +430,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .examples
         .clone()
         .unwrap_or_else(|| bucketmap_testkit::repo_path("examples"));
+    // The demo's sidecar builds (when it must) while the control plane
+    // starts and the examples converge, rather than after.
+    let sidecar_build = (!args.no_sidecar).then(|| tokio::spawn(build_sidecar()));
     let cluster = start_cluster(&args).await?;
     if cluster.local.is_none() {
         refuse_foreign_resources(&cluster.client, &example_namespaces(&examples)?).await?;
@@ -445,11 +455,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let gcs_objects = gcs_objects(&applied);
     let ready = wait_all_ready(&cluster.client, &gcs_objects, Duration::from_secs(120)).await?;
     print_summary(&cluster, &gcs_shown, &ready);
-    let demo = match args.no_sidecar {
-        true => None,
-        false => {
+    let demo = match sidecar_build {
+        None => None,
+        Some(build) => {
             let grpc_upstream = mock.as_ref().map(MockGcs::endpoint);
-            start_demo(&cluster.client, &ready, grpc_upstream.as_deref()).await?
+            start_demo(&cluster.client, &ready, grpc_upstream.as_deref(), build).await?
         }
     };
     if !args.exit_when_ready {
