@@ -14,8 +14,7 @@ COPY . .
 # builds it with the profile of its training run, tools/pgo/sidecar.profdata.xz
 # (profile-guided optimisation; tools/pgo/train.sh refreshes the profile).
 # One package per build: built together, Cargo would unify their dependencies'
-# features and link the operator's second crypto library (aws-lc) into the
-# sidecar as well (sidecar/Cargo.toml, google-cloud-auth).
+# features, and the sidecar would carry what only the operator needs.
 RUN cargo build --profile dist --locked -p bucketmap \
  && bash tools/pgo/build.sh > /tmp/shipped-sidecar \
  && mkdir /out \

@@ -42,9 +42,10 @@ pub mod telemetry;
 pub mod tenancy;
 pub mod webhook;
 
-/// Chooses the process-wide rustls crypto provider. Both ring (kube-rs) and
-/// aws-lc-rs (the Google crates) are linked in, so rustls cannot choose on its
-/// own; call this before building any client. Idempotent.
+/// Installs ring, the one crypto library linked, as the process-wide rustls
+/// provider. The Google crates and tonic take the process's provider for
+/// their TLS clients and signatures (their aws-lc features are off), so call
+/// this before building any client. Idempotent.
 pub fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race against another installer is fine: any provider works.

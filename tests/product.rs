@@ -105,7 +105,7 @@ fn the_image_builds_only_the_two_product_packages_each_on_its_own() -> anyhow::R
             .map(|w| w[1])
             .collect();
         // Built together, Cargo would unify the two packages' dependency
-        // features (the operator's aws-lc would be linked into the sidecar).
+        // features: the sidecar would carry what only the operator needs.
         assert_eq!(named.len(), 1, "one package per build: {build}");
         assert!(
             !words.contains(&"--workspace") && !words.contains(&"--all"),
@@ -117,25 +117,30 @@ fn the_image_builds_only_the_two_product_packages_each_on_its_own() -> anyhow::R
     Ok(())
 }
 
+/// The operator, the sidecar and the embedded default each link ring and
+/// no second crypto library: aws-lc would be built from C for nothing (the
+/// longest build of a first `cargo dev`) and make both binaries larger.
 #[test]
-fn the_sidecar_links_one_crypto_library() -> anyhow::Result<()> {
+fn every_product_links_one_crypto_library() -> anyhow::Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    // Resolved for the sidecar alone, as the image builds it.
-    let out = Command::new(&cargo)
-        .args(["tree", "--offline", "--locked", "-p", "bucketmap-sidecar"])
-        .args(["-e", "normal,build", "--prefix", "none", "--format", "{p}"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .context("cannot run cargo tree")?;
-    anyhow::ensure!(out.status.success(), "cargo tree: {out:?}");
-    let tree = String::from_utf8(out.stdout)?;
-    let crates: BTreeSet<&str> = tree
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    assert!(crates.contains("ring"), "{crates:?}");
-    for second in ["aws-lc-rs", "aws-lc-sys", "openssl-sys"] {
-        assert!(!crates.contains(second), "the sidecar links {second}");
+    // Each resolved alone, as the image and `cargo dev` build it.
+    for package in ["bucketmap", "bucketmap-sidecar", "bucketmap-devtools"] {
+        let out = Command::new(&cargo)
+            .args(["tree", "--offline", "--locked", "-p", package])
+            .args(["-e", "normal,build", "--prefix", "none", "--format", "{p}"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .context("cannot run cargo tree")?;
+        anyhow::ensure!(out.status.success(), "cargo tree: {out:?}");
+        let tree = String::from_utf8(out.stdout)?;
+        let crates: BTreeSet<&str> = tree
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(crates.contains("ring"), "{package}: {crates:?}");
+        for second in ["aws-lc-rs", "aws-lc-sys", "openssl-sys"] {
+            assert!(!crates.contains(second), "{package} links {second}");
+        }
     }
     Ok(())
 }

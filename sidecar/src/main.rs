@@ -13,9 +13,8 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     telemetry::init(config.log_format);
-    // The provider google-cloud-auth signs with and every TLS client uses
-    // (the sidecar links ring only; in workspace builds the operator's
-    // dependencies may link aws-lc too, so it must be explicit).
+    // The provider google-cloud-auth signs with and every TLS client uses:
+    // ring, the one crypto library linked (tests/product.rs).
     if rustls::crypto::ring::default_provider()
         .install_default()
         .is_err()

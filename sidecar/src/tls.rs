@@ -34,8 +34,8 @@ pub fn client_config(ca_file: Option<&Path>) -> anyhow::Result<rustls::ClientCon
             })?;
         }
     }
-    // An explicit provider: in workspace builds aws-lc may be linked beside
-    // ring (through the operator's dependencies), and rustls cannot pick alone.
+    // An explicit provider, ring: rustls could not pick alone should a
+    // dependency ever link a second one.
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

@@ -518,9 +518,8 @@ fn run_install_script(script: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// rustls is built with both the ring and aws-lc-rs providers in this
-/// workspace, so it cannot pick one by itself; kube-rs needs a process
-/// default. Installs ring (kube's configured provider) unless one is set.
+/// kube-rs and the Google crates take the process's rustls provider.
+/// Installs ring (the one crypto library linked) unless one is set.
 /// Credentials generated for one environment.
 struct Pki {
     client_ca_pem: String,
