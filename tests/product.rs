@@ -33,22 +33,25 @@ fn the_operator_binary_lists_no_developer_command() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The crates `package` builds with (normal and build dependencies),
+/// resolved for it alone, as the image and `cargo dev` build it.
+fn tree(package: &str) -> anyhow::Result<BTreeSet<String>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["tree", "--offline", "--locked", "-p", package])
+        .args(["-e", "normal,build", "--prefix", "none", "--format", "{p}"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .context("cannot run cargo tree")?;
+    anyhow::ensure!(out.status.success(), "cargo tree -p {package}: {out:?}");
+    Ok(String::from_utf8(out.stdout)?
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect())
+}
+
 #[test]
 fn the_product_depends_on_no_test_kit_or_developer_tooling() -> anyhow::Result<()> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let tree = |package: &str| -> anyhow::Result<BTreeSet<String>> {
-        let out = Command::new(&cargo)
-            .args(["tree", "--offline", "--locked", "-p", package])
-            .args(["-e", "normal,build", "--prefix", "none", "--format", "{p}"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .context("cannot run cargo tree")?;
-        anyhow::ensure!(out.status.success(), "cargo tree -p {package}: {out:?}");
-        Ok(String::from_utf8(out.stdout)?
-            .lines()
-            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-            .collect())
-    };
     for product in ["bucketmap", "bucketmap-sidecar"] {
         let crates = tree(product)?;
         assert!(crates.contains(product), "{product}: {crates:?}");
@@ -122,21 +125,8 @@ fn the_image_builds_only_the_two_product_packages_each_on_its_own() -> anyhow::R
 /// longest build of a first `cargo dev`) and make both binaries larger.
 #[test]
 fn every_product_links_one_crypto_library() -> anyhow::Result<()> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    // Each resolved alone, as the image and `cargo dev` build it.
     for package in ["bucketmap", "bucketmap-sidecar", "bucketmap-devtools"] {
-        let out = Command::new(&cargo)
-            .args(["tree", "--offline", "--locked", "-p", package])
-            .args(["-e", "normal,build", "--prefix", "none", "--format", "{p}"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .context("cannot run cargo tree")?;
-        anyhow::ensure!(out.status.success(), "cargo tree: {out:?}");
-        let tree = String::from_utf8(out.stdout)?;
-        let crates: BTreeSet<&str> = tree
-            .lines()
-            .filter_map(|l| l.split_whitespace().next())
-            .collect();
+        let crates = tree(package)?;
         assert!(crates.contains("ring"), "{package}: {crates:?}");
         for second in ["aws-lc-rs", "aws-lc-sys", "openssl-sys"] {
             assert!(!crates.contains(second), "{package} links {second}");

@@ -141,20 +141,9 @@ pub(crate) async fn start_h2_relay(upstream: SocketAddr, dir: &Path) -> Result<(
 
 /// Calls `GetObject` at `addr` until it answers; fails if `proc` exits.
 async fn wait_grpc_ready(proc: &mut Proc, addr: SocketAddr) -> Result<()> {
-    let deadline = Instant::now() + READY_TIMEOUT;
     let mut client = grpc_client(addr)?;
-    loop {
-        proc.check_running()?;
-        if grpc_get(&mut client, PHYSICAL).await.is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} at {addr} not ready after {READY_TIMEOUT:?}\n{}",
-                proc.name,
-                log_tail(&proc.log, 20)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_until(proc, addr, async || {
+        Ok(grpc_get(&mut client, PHYSICAL).await.is_ok())
+    })
+    .await
 }

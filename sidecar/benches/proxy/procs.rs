@@ -96,17 +96,30 @@ pub(crate) async fn wait_ready(
     addr: SocketAddr,
     path: &str,
 ) -> Result<()> {
-    let deadline = Instant::now() + READY_TIMEOUT;
     let uri: Uri = format!("http://{addr}{path}").parse()?;
+    poll_until(proc, addr, async || {
+        let probe = Request::get(uri.clone()).body(empty())?;
+        Ok(matches!(
+            tokio::time::timeout(Duration::from_secs(2), client.request(probe)).await,
+            Ok(Ok(response)) if response.status() == StatusCode::OK
+        ))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proc.check_running()
+}
+
+/// Calls `probe` until it answers true; fails if it fails, if `proc` exits
+/// first or if [`READY_TIMEOUT`] passes.
+pub(crate) async fn poll_until(
+    proc: &mut Proc,
+    addr: SocketAddr,
+    mut probe: impl AsyncFnMut() -> Result<bool>,
+) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         proc.check_running()?;
-        let probe = Request::get(uri.clone()).body(empty())?;
-        if let Ok(Ok(response)) =
-            tokio::time::timeout(Duration::from_secs(2), client.request(probe)).await
-            && response.status() == StatusCode::OK
-        {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            proc.check_running()?;
+        if probe().await? {
             return Ok(());
         }
         if Instant::now() > deadline {
