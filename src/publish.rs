@@ -5,21 +5,18 @@
 //!   Service Binding specification): `type`, `provider`, `bucket`,
 //!   `logical-bucket`, `project`, `uri`. No credentials.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 use crate::crd::Gcs;
 use crate::{Error, Result};
-
-/// Annotation of the operator's cached copy of a binding Secret (never of
-/// the Secret on the API server): the [`data_digest`] of its data, which
-/// the cache does not keep (see [`trim_cached_binding`]).
-pub const CACHED_DATA_DIGEST: &str = "bucketmap.dev/cached-data-digest";
 
 /// Label on everything the operator publishes (binding Secrets, bucket maps).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "bucketmap");
@@ -57,7 +54,7 @@ fn binding_data(obj: &Gcs, physical: &str, project: &str) -> BTreeMap<String, By
 /// was written (skipped when the cached Secret already matches).
 pub async fn write_binding(
     client: &kube::Client,
-    secrets: &Store<Secret>,
+    secrets: &Store<CachedBinding>,
     obj: &Gcs,
     physical: &str,
     project: &str,
@@ -70,13 +67,13 @@ pub async fn write_binding(
     let current = secrets.get(&ObjectRef::new(&secret_name).within(&ns));
     let absent = current.is_none();
     if let Some(s) = &current
-        && !controlled_by(s, obj)
+        && !s.controlled_by(obj)
     {
         return Err(Error::BindingNotOwned(format!(
             "Secret {ns}/{secret_name} exists and is not controlled by this Gcs; the binding is not written and the Secret is left untouched (delete or rename it)"
         )));
     }
-    let up_to_date = current.is_some_and(|s| cached_secret_matches(&s, &data));
+    let up_to_date = current.is_some_and(|s| s.holds(&data));
     if up_to_date {
         return Ok(false);
     }
@@ -108,48 +105,120 @@ pub async fn write_binding(
     Ok(true)
 }
 
-/// Whether a cached binding Secret (data replaced by its digest) holds
-/// `data` and has the binding's type.
-fn cached_secret_matches(cached: &Secret, data: &BTreeMap<String, ByteString>) -> bool {
-    let digest = cached.annotations().get(CACHED_DATA_DIGEST);
-    digest == Some(&data_digest(Some(data))) && cached.type_.as_deref() == Some(BINDING_SECRET_TYPE)
+/// What the operator's cache keeps of a binding Secret: whose it is and a
+/// digest of what it holds, not the Secret itself. One is cached per
+/// resource, so its size is the operator's memory at scale: a whole
+/// cached Secret (metadata, maps) costs several times more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedBinding {
+    name: String,
+    namespace: Option<String>,
+    /// The uid of the Secret's controlling owner.
+    controller: Option<String>,
+    /// [`content_digest`] of the Secret's type and data.
+    digest: [u8; 32],
 }
 
-/// Trims a binding Secret about to be cached to what [`write_binding`]
-/// reads: its owner references, its type and, in the
-/// [`CACHED_DATA_DIGEST`] annotation (the only one kept), the digest of its
-/// data. Its data, labels (the watch selects on them already), other
-/// annotations and `managedFields` are dropped: 5000 binding Secrets' data
-/// maps and labels cost the operator several MiB of heap (issue 15).
-pub fn trim_cached_binding(secret: &mut Secret) {
-    let digest = data_digest(secret.data.take().as_ref());
-    secret.string_data = None;
-    secret.metadata.managed_fields = None;
-    secret.metadata.labels = None;
-    secret.metadata.annotations = Some([(CACHED_DATA_DIGEST.to_owned(), digest)].into());
+impl CachedBinding {
+    /// What the cache keeps of `secret`.
+    pub fn of(secret: &Secret) -> Self {
+        let controller = secret
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone());
+        CachedBinding {
+            name: secret.name_any(),
+            namespace: secret.namespace(),
+            controller,
+            digest: content_digest(secret.type_.as_deref(), secret.data.as_ref()),
+        }
+    }
+
+    /// The cache's event for a watch event of a Secret.
+    pub fn of_event(event: watcher::Event<Secret>) -> watcher::Event<Self> {
+        use watcher::Event;
+        match event {
+            Event::Apply(s) => Event::Apply(Self::of(&s)),
+            Event::Delete(s) => Event::Delete(Self::of(&s)),
+            Event::Init => Event::Init,
+            Event::InitApply(s) => Event::InitApply(Self::of(&s)),
+            Event::InitDone => Event::InitDone,
+        }
+    }
+
+    /// Whether `owner` is the Secret's controller.
+    fn controlled_by(&self, owner: &Gcs) -> bool {
+        self.controller.is_some() && self.controller.as_deref() == owner.meta().uid.as_deref()
+    }
+
+    /// Whether the Secret is a binding holding exactly `data`.
+    fn holds(&self, data: &BTreeMap<String, ByteString>) -> bool {
+        self.digest == content_digest(Some(BINDING_SECRET_TYPE), Some(data))
+    }
 }
 
-/// SHA-256 of a Secret's data, in hex. sha2 (already a dependency) rather
+impl kube::runtime::reflector::Lookup for CachedBinding {
+    type DynamicType = ();
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        <Secret as Resource>::kind(&())
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        <Secret as Resource>::group(&())
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        <Secret as Resource>::version(&())
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        <Secret as Resource>::plural(&())
+    }
+
+    fn name(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.name))
+    }
+
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        self.namespace.as_deref().map(Cow::Borrowed)
+    }
+
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        None
+    }
+
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        None
+    }
+}
+
+/// SHA-256 of a Secret's type and data. sha2 (already a dependency) rather
 /// than std's `DefaultHasher`: both would do, as the digest never leaves
 /// the process, but SHA-256 is stable across Rust versions and no user edit
-/// can collide with the operator's data by chance. Each key and value is
-/// prefixed by its length, so that no two maps share an input.
-pub fn data_digest(data: Option<&BTreeMap<String, ByteString>>) -> String {
+/// can collide with the operator's content by chance. The type and each key
+/// and value are prefixed by their length (the type by a presence byte
+/// too), so that no two contents share an input.
+fn content_digest(type_: Option<&str>, data: Option<&BTreeMap<String, ByteString>>) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
-    for (key, ByteString(value)) in data.into_iter().flatten() {
-        hasher.update((key.len() as u64).to_le_bytes());
-        hasher.update(key.as_bytes());
-        hasher.update((value.len() as u64).to_le_bytes());
-        hasher.update(value);
+    let mut field = |bytes: &[u8]| {
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    };
+    match type_ {
+        Some(t) => {
+            field(&[1]);
+            field(t.as_bytes());
+        }
+        None => field(&[0]),
     }
-    hasher
-        .finalize()
-        .iter()
-        .fold(String::with_capacity(64), |mut hex, byte| {
-            hex.push_str(&format!("{byte:02x}"));
-            hex
-        })
+    for (key, ByteString(value)) in data.into_iter().flatten() {
+        field(key.as_bytes());
+        field(value);
+    }
+    hasher.finalize().into()
 }
 
 /// Creates a binding Secret the cache does not know: a plain create costs
@@ -225,6 +294,8 @@ pub async fn delete_binding(client: &kube::Client, obj: &Gcs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
     use super::*;
 
     #[test]
@@ -246,9 +317,11 @@ mod tests {
     }
 
     /// The binding Secret as the cache holds it, with `data`.
-    fn cached(data: BTreeMap<String, ByteString>, type_: &str) -> Secret {
-        let mut s = Secret {
+    fn cached(data: BTreeMap<String, ByteString>, type_: &str) -> CachedBinding {
+        CachedBinding::of(&Secret {
             metadata: kube::api::ObjectMeta {
+                name: Some("photos-gcs-binding".into()),
+                namespace: Some("ns".into()),
                 labels: Some([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())].into()),
                 annotations: Some([("note".to_owned(), "big".to_owned())].into()),
                 managed_fields: Some(vec![Default::default()]),
@@ -258,23 +331,22 @@ mod tests {
             string_data: Some([("extra".to_owned(), "x".to_owned())].into()),
             type_: Some(type_.to_owned()),
             ..Secret::default()
-        };
-        trim_cached_binding(&mut s);
-        s
+        })
     }
 
     #[test]
     fn the_cache_keeps_a_digest_instead_of_the_data() {
         let data = binding_data(&gcs("photos", "photos"), "photos-k3x9", "p");
-        let s = cached(data.clone(), BINDING_SECRET_TYPE);
-        assert_eq!(s.data, None);
-        assert_eq!(s.string_data, None);
-        assert_eq!(s.metadata.labels, None);
-        assert_eq!(s.metadata.managed_fields, None);
-        let digest = data_digest(Some(&data));
-        let only_the_digest = [(CACHED_DATA_DIGEST.to_owned(), digest)].into();
-        assert_eq!(s.metadata.annotations, Some(only_the_digest));
-        assert!(cached_secret_matches(&s, &data));
+        let c = cached(data.clone(), BINDING_SECRET_TYPE);
+        assert!(c.holds(&data));
+        assert_eq!(
+            kube::runtime::reflector::Lookup::to_object_ref(&c, ()),
+            ObjectRef::new("photos-gcs-binding").within("ns")
+        );
+        assert_eq!(
+            c.digest,
+            content_digest(Some(BINDING_SECRET_TYPE), Some(&data))
+        );
     }
 
     #[test]
@@ -283,47 +355,63 @@ mod tests {
         let data = binding_data(&g, "photos-k3x9", "p");
         let mut edited = data.clone();
         edited.insert("bucket".into(), ByteString(b"other".to_vec()));
-        assert!(!cached_secret_matches(
-            &cached(edited, BINDING_SECRET_TYPE),
-            &data
-        ));
+        assert!(!cached(edited, BINDING_SECRET_TYPE).holds(&data));
         let mut added = data.clone();
         added.insert("extra".into(), ByteString(Vec::new()));
-        assert!(!cached_secret_matches(
-            &cached(added, BINDING_SECRET_TYPE),
-            &data
-        ));
+        assert!(!cached(added, BINDING_SECRET_TYPE).holds(&data));
         let mut removed = data.clone();
         removed.remove("uri");
-        assert!(!cached_secret_matches(
-            &cached(removed, BINDING_SECRET_TYPE),
-            &data
-        ));
-        assert!(!cached_secret_matches(
-            &cached(data.clone(), "Opaque"),
-            &data
-        ));
-        let no_data = cached(BTreeMap::new(), BINDING_SECRET_TYPE);
-        assert!(!cached_secret_matches(&no_data, &data));
+        assert!(!cached(removed, BINDING_SECRET_TYPE).holds(&data));
+        assert!(!cached(data.clone(), "Opaque").holds(&data));
+        assert!(!cached(BTreeMap::new(), BINDING_SECRET_TYPE).holds(&data));
         let other_project = binding_data(&g, "photos-k3x9", "q");
-        assert!(!cached_secret_matches(
-            &cached(other_project, BINDING_SECRET_TYPE),
-            &data
-        ));
+        assert!(!cached(other_project, BINDING_SECRET_TYPE).holds(&data));
     }
 
     #[test]
-    fn the_digest_does_not_mix_keys_and_values() {
+    fn the_cache_knows_the_controller_only() {
+        let mut owner = gcs("photos", "photos");
+        owner.metadata.uid = Some("uid-1".into());
+        let reference = |uid: &str, controller: Option<bool>| OwnerReference {
+            uid: uid.into(),
+            controller,
+            ..Default::default()
+        };
+        let with = |refs: Vec<OwnerReference>| {
+            let mut s = Secret::default();
+            s.metadata.name = Some("photos-gcs-binding".into());
+            s.metadata.owner_references = Some(refs);
+            CachedBinding::of(&s)
+        };
+        assert!(with(vec![reference("uid-1", Some(true))]).controlled_by(&owner));
+        assert!(
+            with(vec![reference("x", None), reference("uid-1", Some(true))]).controlled_by(&owner)
+        );
+        assert!(!with(vec![reference("uid-1", None)]).controlled_by(&owner));
+        assert!(!with(vec![reference("uid-1", Some(false))]).controlled_by(&owner));
+        assert!(!with(vec![reference("uid-2", Some(true))]).controlled_by(&owner));
+        assert!(!with(Vec::new()).controlled_by(&owner));
+        owner.metadata.uid = None;
+        assert!(!with(vec![reference("uid-1", Some(true))]).controlled_by(&owner));
+    }
+
+    #[test]
+    fn the_digest_does_not_mix_type_keys_and_values() {
         let one =
             |k: &str, v: &str| BTreeMap::from([(k.to_owned(), ByteString(v.as_bytes().to_vec()))]);
+        let t = Some(BINDING_SECRET_TYPE);
         assert_ne!(
-            data_digest(Some(&one("ab", "c"))),
-            data_digest(Some(&one("a", "bc")))
+            content_digest(t, Some(&one("ab", "c"))),
+            content_digest(t, Some(&one("a", "bc")))
         );
         assert_eq!(
-            data_digest(Some(&one("a", "b"))),
-            data_digest(Some(&one("a", "b")))
+            content_digest(t, Some(&one("a", "b"))),
+            content_digest(t, Some(&one("a", "b")))
         );
-        assert_eq!(data_digest(Some(&one("a", "b"))).len(), 64);
+        assert_ne!(
+            content_digest(Some("a"), None),
+            content_digest(None, Some(&one("a", "")))
+        );
+        assert_ne!(content_digest(Some(""), None), content_digest(None, None));
     }
 }

@@ -31,7 +31,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
@@ -45,6 +45,7 @@ use crate::crd::Gcs;
 use crate::gcs::{GcsClient, Pacer};
 use crate::iam::WorkloadIdentity;
 use crate::metrics::Metrics;
+use crate::publish::CachedBinding;
 use crate::slots::Slots;
 use crate::{Error, Result};
 
@@ -151,7 +152,8 @@ pub struct Context {
     /// Live reads of namespaces, for a project chosen now.
     namespace_reads: Arc<namespaces::NamespaceReads>,
     maps: Arc<BucketMaps>,
-    secrets: Store<Secret>,
+    /// What is known of the binding Secrets (see [`CachedBinding`]).
+    secrets: Store<CachedBinding>,
     /// The ServiceAccounts' metadata (their Workload Identity annotation).
     service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
     /// The namespace and ServiceAccount caches hold everything: projects

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -23,7 +23,7 @@ use crate::bucket_map::{BucketMaps, MapSettings};
 use crate::crd::Gcs;
 use crate::gcs::{GcsClient, Pacer};
 use crate::metrics::Metrics;
-use crate::publish;
+use crate::publish::{self, CachedBinding};
 use crate::slots::Slots;
 
 type NamespaceMeta = PartialObjectMeta<Namespace>;
@@ -263,7 +263,7 @@ where
 fn watch_published(
     client: &kube::Client,
     config: &OperatorConfig,
-) -> (Store<ConfigMap>, Store<Secret>, Vec<JoinHandle<()>>) {
+) -> (Store<ConfigMap>, Store<CachedBinding>, Vec<JoinHandle<()>>) {
     let watched = config.watched_namespaces();
     let (configmaps, cm_writer) = reflector::store();
     let (secrets, secret_writer) = reflector::store();
@@ -282,11 +282,13 @@ fn watch_published(
     // Without Service Binding no Secret is read: the store stays empty.
     if config.service_binding {
         tasks.push(tokio::spawn(
-            scope::watch_in(watched.as_deref(), &secret_watch, api_in::<Secret>(client))
-                // The reconciler compares digests; the data stays out of memory.
-                .modify(publish::trim_cached_binding)
-                .reflect(secret_writer)
-                .for_each(|_| async {}),
+            reflector::reflector(
+                secret_writer,
+                scope::watch_in(watched.as_deref(), &secret_watch, api_in::<Secret>(client))
+                    // The reconciler compares digests; the Secret stays out of memory.
+                    .map_ok(CachedBinding::of_event),
+            )
+            .for_each(|_| async {}),
         ));
     }
     (configmaps, secrets, tasks)
@@ -298,7 +300,7 @@ pub(super) struct Stores {
     pub resources: Store<Gcs>,
     pub namespaces: Store<NamespaceMeta>,
     pub configmaps: Store<ConfigMap>,
-    pub secrets: Store<Secret>,
+    pub secrets: Store<CachedBinding>,
     pub service_accounts: Store<ServiceAccountMeta>,
 }
 

@@ -10,13 +10,12 @@ use bucketmap_testkit::mock_gcs::{MockGcs, MockHandle};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use super::api::FakeApi;
@@ -26,6 +25,7 @@ use crate::crd::Gcs;
 use crate::gcs::{GcsClient, GcsConfig};
 use crate::metrics::Metrics;
 use crate::naming::{self, Identity};
+use crate::publish::CachedBinding;
 
 pub(super) const NS: &str = "team-a";
 pub(super) const PROJECT: &str = "acme-test";
@@ -43,7 +43,7 @@ struct Writers {
     resources: Writer<Gcs>,
     namespaces: Writer<NamespaceMeta>,
     configmaps: Writer<ConfigMap>,
-    secrets: Writer<Secret>,
+    secrets: Writer<CachedBinding>,
     service_accounts: Writer<ServiceAccountMeta>,
 }
 
@@ -167,11 +167,7 @@ impl Harness {
             s.labels().get(key).is_some_and(|v| v == value)
         };
         let secrets = self.api.list::<Secret>().into_iter().filter(managed);
-        let secrets = secrets.map(|mut s| {
-            crate::publish::trim_cached_binding(&mut s);
-            s
-        });
-        relist(&mut w.secrets, secrets);
+        relist(&mut w.secrets, secrets.map(|s| CachedBinding::of(&s)));
         relist(
             &mut w.service_accounts,
             self.api.list::<ServiceAccountMeta>(),
@@ -272,7 +268,7 @@ pub(super) fn condition(obj: &Gcs, type_: &str) -> Option<Condition> {
 /// Replaces a cache's content with `objects`, as a watch's initial list.
 fn relist<K>(writer: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
 where
-    K: Resource + Clone + DeserializeOwned,
+    K: Lookup + Clone,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     writer.apply_watcher_event(&watcher::Event::Init);
