@@ -231,6 +231,22 @@ const WRITTEN: [(&str, &str); 4] = [
     ),
 ];
 
+/// Waits (at most 30 s) until the API server is idle: under a fifth of a
+/// core for a second. A phase's deletions and the compaction after them
+/// must not be billed to the next phase.
+pub async fn settle(client: &kube::Client) -> anyhow::Result<()> {
+    let mut before = ApiCounters::read(client).await?.cpu;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = ApiCounters::read(client).await?.cpu;
+        if now - before < 0.2 {
+            break;
+        }
+        before = now;
+    }
+    Ok(())
+}
+
 /// The API server's counters at one moment.
 pub struct ApiCounters {
     pub cpu: f64,
