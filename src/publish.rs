@@ -122,15 +122,10 @@ pub struct CachedBinding {
 impl CachedBinding {
     /// What the cache keeps of `secret`.
     pub fn of(secret: &Secret) -> Self {
-        let controller = secret
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.uid.clone());
         CachedBinding {
             name: secret.name_any(),
             namespace: secret.namespace(),
-            controller,
+            controller: controller_of(secret).map(str::to_owned),
             digest: content_digest(secret.type_.as_deref(), secret.data.as_ref()),
         }
     }
@@ -149,7 +144,7 @@ impl CachedBinding {
 
     /// Whether `owner` is the Secret's controller.
     fn controlled_by(&self, owner: &Gcs) -> bool {
-        self.controller.is_some() && self.controller.as_deref() == owner.meta().uid.as_deref()
+        is_controller(self.controller.as_deref(), owner)
     }
 
     /// Whether the Secret is a binding holding exactly `data`.
@@ -251,11 +246,21 @@ async fn create_binding(api: &Api<Secret>, secret: &Secret, owner: &Gcs) -> Resu
 
 /// Whether `secret` names `owner` as its controller.
 fn controlled_by(secret: &Secret, owner: &Gcs) -> bool {
-    let uid = owner.meta().uid.as_deref();
+    is_controller(controller_of(secret), owner)
+}
+
+/// The uid of `secret`'s controller (the API server allows at most one).
+fn controller_of(secret: &Secret) -> Option<&str> {
     secret
         .owner_references()
         .iter()
-        .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// Whether `controller`, a Secret's controller uid, is `owner`.
+fn is_controller(controller: Option<&str>, owner: &Gcs) -> bool {
+    controller.is_some() && controller == owner.meta().uid.as_deref()
 }
 
 /// Deletes the binding Secret of a resource (gone already is fine). A

@@ -151,9 +151,7 @@ async fn measure_shape(args: &BenchArgs, shape: Shape) -> anyhow::Result<Report>
         shape.resources, shape.namespaces
     );
     let floor = measure_floor(args, shape).await?;
-    let env = TestEnv::start().await?;
-    let client = env.client().await?;
-    bucketmap_testkit::testenv::install_crd(&client, &Gcs::crd()).await?;
+    let (env, client) = control_plane().await?;
     let mock = MockGcs::start().await?;
     mock.handle().add_topic(BENCH_TOPIC);
     let baseline = measure_api_only(args, shape, &client, Writes::Create).await?;
@@ -195,10 +193,16 @@ enum Writes {
 /// follows the baseline's on the same server, as before the floor was
 /// measured, rather than the floor's far larger deletions.
 async fn measure_floor(args: &BenchArgs, shape: Shape) -> anyhow::Result<ApiOnly> {
+    let (_env, client) = control_plane().await?;
+    measure_api_only(args, shape, &client, Writes::CreateAndReadyStatus).await
+}
+
+/// A fresh local control plane with the `Gcs` CRD installed.
+async fn control_plane() -> anyhow::Result<(TestEnv, kube::Client)> {
     let env = TestEnv::start().await?;
     let client = env.client().await?;
     bucketmap_testkit::testenv::install_crd(&client, &Gcs::crd()).await?;
-    measure_api_only(args, shape, &client, Writes::CreateAndReadyStatus).await
+    Ok((env, client))
 }
 
 /// The API server alone does `writes` for each of the shape's objects
@@ -404,11 +408,13 @@ async fn create_many(
 /// The status the operator writes when resource `name` is Ready (with a
 /// binding Secret, in its first name attempt).
 fn ready_status(name: &str) -> serde_json::Value {
+    use bucketmap::conditions::{READY, reason};
+    use kube::Resource as _;
     let physical = format!("{name}-k3x9q2mw");
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     serde_json::json!({
-        "apiVersion": "storage.bucketmap.dev/v1alpha1",
-        "kind": "Gcs",
+        "apiVersion": Gcs::api_version(&()),
+        "kind": Gcs::kind(&()),
         "status": {
             "bucketFullName": physical,
             "bucketName": name,
@@ -416,11 +422,11 @@ fn ready_status(name: &str) -> serde_json::Value {
             "url": format!("gs://{physical}"),
             "nameAttempt": 0,
             "createTime": now,
-            "binding": {"name": format!("{name}-gcs-binding")},
+            "binding": {"name": bucketmap::publish::binding_secret_name(name)},
             "conditions": [{
-                "type": "Ready",
+                "type": READY,
                 "status": "True",
-                "reason": "BucketReady",
+                "reason": reason::BUCKET_READY,
                 "message": format!("Bucket {physical} is ready in project bench-project"),
                 "lastTransitionTime": now,
                 "observedGeneration": 1,
