@@ -11,9 +11,11 @@
 # shipped sidecar with this script; tools/pgo/train.sh refreshes the profile.
 #
 # The profile is committed compressed (xz), beside the script that makes
-# it, and unpacked here into the target directory; it is written only when
-# its content changed, since rustc takes the file as an input of every crate
-# it optimises and a new copy would rebuild them all.
+# it, and unpacked into the per-user cache (tools/lib.sh's cache_root) under
+# a name made of its content's hash. Its path is part of RUSTFLAGS, which
+# cargo's fingerprints hold: a path that moved with the clone, or a file
+# rewritten with the same content, would rebuild every crate it optimises,
+# and the compiled dependencies tools/build-cache.sh keeps would never serve.
 #
 # The build is for the host's target, named explicitly (--target), so that
 # the profile applies to the sidecar's code and its dependencies and not to
@@ -32,14 +34,21 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 [[ -n "$host" ]] || { echo "pgo: rustc -vV names no host" >&2; exit 1; }
 
 cd "$root"
-target_dir="$(mkdir -p "${CARGO_TARGET_DIR:-target}/pgo" && cd "${CARGO_TARGET_DIR:-target}" && pwd)"
-profile="$target_dir/pgo/sidecar.profdata"
-# A temporary name of this process's own: CI runs this script twice at once
-# (its background shipped build and the node tests' image build), and a
-# shared name let one run remove the file the other was about to move.
-unpacked="$(mktemp "$profile.new.XXXXXX")"
-xz -dc "$packed" >"$unpacked"
-if cmp -s "$unpacked" "$profile"; then rm "$unpacked"; else mv "$unpacked" "$profile"; fi
+target_dir="$(mkdir -p "${CARGO_TARGET_DIR:-target}" && cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+tool=pgo
+tools_dir="$root/tools"
+# shellcheck source=../lib.sh
+source "$root/tools/lib.sh"
+mkdir -p "$(cache_root)/pgo"
+profile="$(cache_root)/pgo/sidecar-$(sha256sum "$packed" | cut -c1-16).profdata"
+if [[ ! -f $profile ]]; then
+  # A temporary name of this process's own, renamed into place: CI runs
+  # this script twice at once (its background shipped build and the node
+  # tests' image build).
+  unpacked="$(mktemp "$profile.new.XXXXXX")"
+  xz -dc "$packed" >"$unpacked"
+  mv "$unpacked" "$profile"
+fi
 
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$profile" \
   cargo build --profile dist-sidecar --locked -p bucketmap-sidecar --bin bucketmap-sidecar \
