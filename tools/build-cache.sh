@@ -36,6 +36,9 @@ source "$tools_dir/lib.sh"
 root="$(cd -- "$tools_dir/.." && pwd)"
 cd "$root"
 
+# Written into each build directory restored, at the time of the restore.
+restored_marker=.build-cache-restored
+
 # The build directories kept: the workspace's and the fuzz targets'.
 targets=(target sidecar-core/fuzz/target)
 manifests=(Cargo.toml sidecar-core/fuzz/Cargo.toml)
@@ -66,6 +69,35 @@ for line in sys.stdin:
 print("\n".join(sorted(names)))'
 }
 
+# used_profiles TARGET: the profile directories under TARGET (./debug,
+# ./<host>/dist-sidecar) cargo built in since the clone was made: those
+# holding the lock file cargo takes there (the cache leaves it out, so a
+# restored directory has none until cargo uses it). A profile directory
+# restored but unused is not saved again, so one a run stopped building
+# leaves the cache.
+used_profiles() {
+  (cd "$1" && find . -mindepth 2 -maxdepth 3 -type f -name .cargo-lock) | while IFS= read -r lock; do
+    if [[ -d "$1/${lock%/.cargo-lock}/.fingerprint" ]]; then printf '%s\n' "${lock%/.cargo-lock}"; fi
+  done
+}
+
+# built_since_restore TARGET: whether a dependency's artifact under TARGET
+# is newer than the restore (the workspace's own always are).
+built_since_restore() {
+  local target="$1" dir entry base
+  declare -A ws=()
+  while IFS= read -r entry; do ws[$entry]=1; done < <(workspace_names)
+  while IFS= read -r dir; do
+    while IFS= read -r entry; do
+      base="${entry##*/}"
+      base="${base#lib}"
+      [[ -n ${ws[${base%-*}]:-} ]] || return 0
+    done < <(find "$target/$dir"/{deps,.fingerprint,build} -mindepth 1 -maxdepth 1 \
+      -newer "$target/$restored_marker" 2>/dev/null)
+  done < <(used_profiles "$target")
+  return 1
+}
+
 # excludes TARGET: the paths under TARGET (as tar names them: ./...) the
 # cache leaves out. Kept: the profile directories (those holding
 # .fingerprint, such as ./debug or ./<host>/dist-sidecar) with only their
@@ -76,8 +108,7 @@ excludes() {
   local target="$1" entry parent dir base stem
   declare -A ws=() profiles=() keep=()
   while IFS= read -r entry; do ws[$entry]=1; done < <(workspace_names)
-  while IFS= read -r dir; do profiles[${dir%/.fingerprint}]=1; done \
-    < <(cd "$target" && find . -mindepth 2 -maxdepth 3 -type d -name .fingerprint)
+  while IFS= read -r dir; do profiles[$dir]=1; done < <(used_profiles "$target")
   for dir in "${!profiles[@]}"; do keep[$dir]=1 keep[$(dirname "$dir")]=1; done
   while IFS= read -r entry; do
     parent="$(dirname "$entry")"
@@ -115,18 +146,27 @@ restore() {
     [[ -d $cache/$target ]] || continue
     mkdir -p "$(dirname "$target")"
     cp -a "$cache/$target" "$target"
+    touch "$target/$restored_marker"
     restored=1
   done
   if ((restored)); then log "restored the compiled dependencies from $cache ($(du -sh "$cache" | cut -f1))"; fi
 }
 
 save() {
-  local base cache tmp target old
+  local base cache tmp target old fresh=0
   base="$(cache_root)/cargo-target"
   cache="$base/$(key)"
   mkdir -p "$base"
   exec 9>"$base.lock"
   flock 9
+  for target in "${targets[@]}"; do
+    [[ -d $target ]] || continue
+    if [[ ! -f $target/$restored_marker ]] || built_since_restore "$target"; then fresh=1; fi
+  done
+  if ((!fresh)) && [[ -d $cache ]]; then
+    log "no dependency compiled since the restore: $cache is current"
+    return 0
+  fi
   tmp="$(mktemp -d "$base/.saving.XXXXXX")"
   for target in "${targets[@]}"; do
     [[ -d $target ]] || continue

@@ -5,10 +5,10 @@
 //! their data, certificates and logs in a private temporary directory. The
 //! binaries come from [`assets_dir`]: `KUBEBUILDER_ASSETS` when set, otherwise
 //! a per-user cache filled on first use by `tools/envtest/install.sh` (which
-//! builds them from the Go module pinned in `tools/envtest/go.mod`). `.ci/run`
-//! runs the tests a second time against the newest Kubernetes release the
-//! chart supports, with `KUBEBUILDER_ASSETS` set to what
-//! `tools/envtest/install.sh --newest` prints.
+//! builds them from the Go module pinned in `tools/envtest/go.mod`, the newest
+//! Kubernetes release). `.ci/run` runs the operator's tests a second time
+//! against the oldest release the chart supports, with `KUBEBUILDER_ASSETS`
+//! set to what `tools/envtest/install.sh --oldest` prints.
 //!
 //! The API server is configured like a small real cluster:
 //!

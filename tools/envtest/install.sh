@@ -3,23 +3,23 @@
 # integration tests and `cargo dev`, the same ones controller-runtime's
 # envtest runs.
 #
-# Usage: install.sh [--newest | --oldest]
+# Usage: install.sh [--oldest]
 #
 # Prints, as the last line of stdout, a directory holding `kube-apiserver` and
 # `etcd`, usable as KUBEBUILDER_ASSETS:
 #   1. $KUBEBUILDER_ASSETS, when set and it holds both binaries;
 #   2. otherwise the cache directory
 #        ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/envtest/k8s-v<K8S>-etcd-v<ETCD>
-#      (versions read from go.mod next to this script), building the binaries
-#      from the pinned Go module on first use (see ../lib.sh).
+#      (versions read from go.mod next to this script: the newest Kubernetes
+#      release), building the binaries from the pinned Go module on first
+#      use (see ../lib.sh).
 #
-# With --newest, the directory holds the kube-apiserver pinned in
-# newest/go.mod (the newest Kubernetes release, which the tests run against
-# besides the pinned one) and the pinned etcd, copied from the pinned
-# directory: k8s-v<NEWEST K8S>-etcd-v<ETCD>. --oldest does the same with
-# oldest/go.mod (the oldest release the chart's kubeVersion admits).
-# KUBEBUILDER_ASSETS is not read then: it stands for the pinned binaries,
-# and the caller sets it to what this prints for the run against the other.
+# With --oldest, the directory holds the kube-apiserver pinned in
+# oldest/go.mod (the oldest release the chart's kubeVersion admits, the
+# other end of the range CI tests) and the pinned etcd, copied from the
+# pinned directory: k8s-v<OLDEST K8S>-etcd-v<ETCD>. KUBEBUILDER_ASSETS is
+# not read then: it stands for the pinned binaries, and the caller sets it
+# to what this prints for the run against the oldest.
 #
 # Progress goes to stderr. Safe to run concurrently.
 set -euo pipefail
@@ -29,13 +29,12 @@ tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$tools_dir/../lib.sh"
 
-# other: the directory of the other release's go.mod (newest/ or oldest/), or empty.
+# other: the directory of the other release's go.mod (oldest/), or empty.
 other=""
 case "$#:${1:-}" in
   0:) ;;
-  1:--newest) other=newest ;;
   1:--oldest) other=oldest ;;
-  *) die "usage: install.sh [--newest | --oldest]" ;;
+  *) die "usage: install.sh [--oldest]" ;;
 esac
 
 has_assets() { [[ -x "$1/kube-apiserver" && -x "$1/etcd" ]]; }
