@@ -6,9 +6,11 @@
 # Prints, as the last line of stdout, the path of the `rclone` binary:
 #   1. $RCLONE_BIN, when set and executable;
 #   2. otherwise
-#        ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/rclone/<version>/rclone
+#        ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/rclone/<version>-<hash>/rclone
 #      (version read from go.mod next to this script), built from the pinned Go
-#      module on first use (see ../lib.sh).
+#      module on first use (see ../lib.sh): main.go, rclone with the
+#      backends and commands the tests use. The directory's name also holds
+#      a hash of main.go and go.sum, so a changed selection is rebuilt.
 #
 # Progress goes to stderr. Safe to run concurrently.
 set -euo pipefail
@@ -22,14 +24,14 @@ binary_override RCLONE_BIN
 
 module=github.com/rclone/rclone
 version="$(pinned_version "$module")"
-dest="$(cache_root)/rclone/$version"
+dest="$(cache_root)/rclone/$version-$(cat "$tools_dir/main.go" "$tools_dir/go.sum" | sha256sum | cut -c1-12)"
 
 has_binary() { [[ -x "$1/rclone" ]]; }
 
 build() {
   log "building $module $version into $dest"
-  log "(first run only; about five minutes, needs the Go module proxy or a warm module cache)"
-  (cd "$tools_dir" && go build -trimpath -ldflags="-s -w" -o "$1/rclone" "$module")
+  log "(first run only; about a minute, needs the Go module proxy or a warm module cache)"
+  (cd "$tools_dir" && go build -trimpath -ldflags="-s -w" -o "$1/rclone" .)
 }
 
 build_once "$dest" has_binary build RCLONE_BIN

@@ -25,7 +25,8 @@ pub fn rclone_bin() -> Result<PathBuf> {
 }
 
 /// The compared commands: (step, arguments). `R:` is the remote; `{dir}`
-/// the run's local directory.
+/// the run's local directory. tools/rclone/main.go builds rclone with
+/// these commands only: a new one is imported there too.
 pub const STEPS: &[(&str, &[&str])] = &[
     (
         "copy_small",
