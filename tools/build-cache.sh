@@ -54,7 +54,8 @@ key() {
 
 # workspace_names: every package and target name of both workspaces, with
 # `-` and `_` (artifact files use the crate name, fingerprints the
-# package name).
+# package name). `save` reads them once into `workspace`.
+declare -A workspace=()
 workspace_names() {
   local manifest
   for manifest in "${manifests[@]}"; do
@@ -67,6 +68,15 @@ for line in sys.stdin:
         for n in [p["name"]] + [t["name"] for t in p["targets"]]:
             names.update({n, n.replace("-", "_")})
 print("\n".join(sorted(names)))'
+}
+
+# is_workspace_artifact PATH: whether PATH (under a profile's deps,
+# .fingerprint or build) belongs to a crate of the workspace: its name, less
+# a `lib` prefix and the `-<hash>` suffix, is in `workspace`.
+is_workspace_artifact() {
+  local base="${1##*/}"
+  base="${base#lib}"
+  [[ -n ${workspace[${base%-*}]:-} ]]
 }
 
 # used_profiles TARGET: the profile directories under TARGET (./debug,
@@ -84,14 +94,10 @@ used_profiles() {
 # built_since_restore TARGET: whether a dependency's artifact under TARGET
 # is newer than the restore (the workspace's own always are).
 built_since_restore() {
-  local target="$1" dir entry base
-  declare -A ws=()
-  while IFS= read -r entry; do ws[$entry]=1; done < <(workspace_names)
+  local target="$1" dir entry
   while IFS= read -r dir; do
     while IFS= read -r entry; do
-      base="${entry##*/}"
-      base="${base#lib}"
-      [[ -n ${ws[${base%-*}]:-} ]] || return 0
+      is_workspace_artifact "$entry" || return 0
     done < <(find "$target/$dir"/{deps,.fingerprint,build} -mindepth 1 -maxdepth 1 \
       -newer "$target/$restored_marker" 2>/dev/null)
   done < <(used_profiles "$target")
@@ -105,9 +111,8 @@ built_since_restore() {
 # Left out: the files cargo copies up beside them, incremental state, and
 # everything that is not a profile directory (logs, profiles, scratch).
 excludes() {
-  local target="$1" entry parent dir base stem
-  declare -A ws=() profiles=() keep=()
-  while IFS= read -r entry; do ws[$entry]=1; done < <(workspace_names)
+  local target="$1" entry parent dir
+  declare -A profiles=() keep=()
   while IFS= read -r dir; do profiles[$dir]=1; done < <(used_profiles "$target")
   for dir in "${!profiles[@]}"; do keep[$dir]=1 keep[$(dirname "$dir")]=1; done
   while IFS= read -r entry; do
@@ -123,10 +128,7 @@ excludes() {
   for dir in "${!profiles[@]}"; do
     for entry in "$target/$dir"/{deps,.fingerprint,build}/*; do
       [[ -e $entry ]] || continue
-      base="${entry##*/}"
-      base="${base#lib}"
-      stem="${base%-*}"
-      if [[ -n ${ws[$stem]:-} ]]; then printf '%s\n' "./${entry#"$target"/./}"; fi
+      if is_workspace_artifact "$entry"; then printf '%s\n' "./${entry#"$target"/./}"; fi
     done
   done
 }
@@ -159,6 +161,9 @@ save() {
   mkdir -p "$base"
   exec 9>"$base.lock"
   flock 9
+  local name
+  while IFS= read -r name; do workspace[$name]=1; done < <(workspace_names)
+  ((${#workspace[@]})) || die "cargo metadata named no workspace crate"
   for target in "${targets[@]}"; do
     [[ -d $target ]] || continue
     if [[ ! -f $target/$restored_marker ]] || built_since_restore "$target"; then fresh=1; fi
