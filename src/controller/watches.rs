@@ -29,6 +29,18 @@ use crate::slots::Slots;
 type NamespaceMeta = PartialObjectMeta<Namespace>;
 type ServiceAccountMeta = PartialObjectMeta<ServiceAccount>;
 
+/// `kubectl apply`'s copy of the object it applied, as large as the object.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What the caches of resources, namespaces and ServiceAccounts keep of an
+/// object: all but the API server's record of who wrote which field
+/// (`managedFields`) and `kubectl apply`'s copy of the object, which
+/// nothing here reads and which would double the memory each one takes.
+fn trim_for_cache<K: ResourceExt>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+    obj.annotations_mut().remove(LAST_APPLIED);
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
     client: kube::Client,
@@ -96,9 +108,7 @@ fn watch_namespaces(
     let watched = config.watched_namespaces();
     let (reader, writer) = reflector::store();
     let stream = scope::watch_namespaces(watched.as_deref(), &watcher::Config::default(), api)
-        .modify(|ns: &mut NamespaceMeta| {
-            ns.managed_fields_mut().clear();
-        })
+        .modify(trim_for_cache::<NamespaceMeta>)
         .reflect(writer)
         .applied_objects()
         .predicate_filter(predicates::annotations, Default::default());
@@ -117,10 +127,7 @@ fn watch_resources(
     let (reader, writer) = reflector::store();
     let watch = watcher::Config::default().any_semantic();
     let stream = scope::watch_in(watched.as_deref(), &watch, api_in::<Gcs>(client))
-        .modify(|g: &mut Gcs| {
-            // Not needed by the reconciler; dropping it keeps the cache small.
-            g.managed_fields_mut().clear();
-        })
+        .modify(trim_for_cache::<Gcs>)
         .reflect(writer)
         .applied_objects()
         // Status writes do not trigger reconciles; spec changes, deletion
@@ -211,9 +218,7 @@ fn watch_service_accounts(
         &watch,
         api_in::<ServiceAccountMeta>(client),
     )
-    .modify(|sa: &mut ServiceAccountMeta| {
-        sa.managed_fields_mut().clear();
-    })
+    .modify(trim_for_cache::<ServiceAccountMeta>)
     .reflect(writer)
     .touched_objects();
     (reader, stream)
@@ -364,5 +369,39 @@ impl Context {
     ) -> (Arc<Context>, mpsc::UnboundedReceiver<ObjectRef<Gcs>>) {
         let synced = Arc::new(AtomicBool::new(true));
         Self::build(client, gcs, metrics, config, stores, synced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    #[test]
+    fn the_caches_drop_managed_fields_and_kubectls_copy_and_keep_the_rest() {
+        let mut sa = ServiceAccountMeta {
+            metadata: ObjectMeta {
+                name: Some("app".into()),
+                annotations: Some(
+                    [
+                        (LAST_APPLIED.to_string(), "{...}".to_string()),
+                        ("iam.gke.io/gcp-service-account".into(), "app@p.iam".into()),
+                    ]
+                    .into(),
+                ),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        trim_for_cache(&mut sa);
+        assert_eq!(sa.managed_fields(), &[] as &[ManagedFieldsEntry]);
+        assert_eq!(
+            sa.annotations().keys().collect::<Vec<_>>(),
+            ["iam.gke.io/gcp-service-account"]
+        );
+        assert_eq!(sa.name_any(), "app");
     }
 }
