@@ -147,10 +147,15 @@ impl Supervisor {
             if due.is_some_and(|&at| self.progress.get() >= at) {
                 // A leader kill waits (a tick at a time) for a running
                 // replica to hold the Lease; nothing converges meanwhile.
-                let Some(victim) = self.victim(KillPlan::targets_leader(kills)).await else {
+                let target_leader = KillPlan::targets_leader(kills);
+                let Some(victim) = self.victim(target_leader).await else {
                     continue;
                 };
-                kills += u32::from(self.kill(victim).await);
+                // A leader kill's victim held the Lease when victim() looked:
+                // asking the API server again could meet it restarting (this
+                // run restarts it too) and miscount the kill.
+                let leader = target_leader || self.slot_holds_lease(victim).await;
+                kills += u32::from(self.kill(victim, leader).await);
             }
         }
         for (slot, child) in self.children.iter_mut().enumerate() {
@@ -205,15 +210,20 @@ impl Supervisor {
         }
     }
 
-    /// SIGKILLs replica `slot` (counting whether it held the Lease) and
-    /// starts it again; false when it was not running (nothing killed).
-    async fn kill(&mut self, slot: usize) -> bool {
-        let Some(mut child) = self.children[slot].take() else {
-            return false;
-        };
-        let leader = match child.id() {
+    /// Whether replica `slot` runs and holds the Lease.
+    async fn slot_holds_lease(&self, slot: usize) -> bool {
+        match self.children[slot].as_ref().and_then(Child::id) {
             Some(pid) => self.holds_lease(pid).await,
             None => false,
+        }
+    }
+
+    /// SIGKILLs replica `slot` (counted as a kill of the Lease holder when
+    /// `leader`) and starts it again; false when it was not running
+    /// (nothing killed).
+    async fn kill(&mut self, slot: usize, leader: bool) -> bool {
+        let Some(mut child) = self.children[slot].take() else {
+            return false;
         };
         // tokio's kill is SIGKILL on Unix: no shutdown, no Lease release.
         // It fails when the process had exited already: that kill did not
