@@ -173,10 +173,8 @@ impl Supervisor {
         if !leader {
             return Some(self.rng.usize(..REPLICAS));
         }
-        for (slot, child) in self.children.iter().enumerate() {
-            if let Some(pid) = child.as_ref().and_then(Child::id)
-                && self.holds_lease(pid).await
-            {
+        for slot in 0..REPLICAS {
+            if self.slot_holds_lease(slot).await {
                 return Some(slot);
             }
         }
