@@ -4,9 +4,11 @@
 #   bucketmap-sidecar  (the per-pod proxy)
 # The sidecar and the operator carry their own web PKI roots (webpki-roots),
 # and distroless/cc adds the system CA bundle as well.
-# Renovate (renovate.json) pins both base images by digest, and keeps the
-# pins current, in reviewed pull requests.
-FROM rust:1.95-bookworm AS build
+# Both base images are pinned by digest (the multi-platform index a tag
+# named when pinned; the tag stays for the reader), so a rebuild starts from
+# the bytes that were reviewed. Renovate (renovate.json) proposes new pins
+# as pull requests.
+FROM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 WORKDIR /src
 COPY . .
 # The `dist` profile (Cargo.toml): `release` plus fat LTO and one codegen unit;
@@ -20,7 +22,7 @@ RUN cargo build --profile dist --locked -p bucketmap \
  && mkdir /out \
  && cp target/dist/bucketmap "$(tail -n 1 /tmp/shipped-sidecar)" /out/
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f
 COPY --from=build /out/bucketmap /out/bucketmap-sidecar /usr/local/bin/
 # One malloc arena: the operator's heap is many small, long-lived objects
 # (caches) touched from a few threads; one arena holds them in less memory

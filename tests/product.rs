@@ -223,7 +223,6 @@ fn the_assembled_image_is_the_one_the_dockerfile_describes() -> anyhow::Result<(
             .map(str::trim)
             .collect()
     };
-    assert_eq!(value("FROM "), [product::DISTROLESS_BASE]);
     for build in [
         product::OPERATOR_BUILD.join(" "),
         product::SIDECAR_BUILD.join(" "),
@@ -269,6 +268,46 @@ fn the_assembled_image_is_the_one_the_dockerfile_describes() -> anyhow::Result<(
 }
 
 /// The release workflow, parsed.
+/// Every stage of the Dockerfile starts from an image pinned by a sha256
+/// digest (a tag can be moved to other bytes, a digest cannot), the final
+/// one from the base the node tests' image assembler imitates.
+#[test]
+fn every_base_image_is_pinned_by_digest() -> anyhow::Result<()> {
+    use bucketmap_testkit::images::{dockerfile, product};
+    let path = bucketmap_testkit::repo_path("Dockerfile");
+    let text = std::fs::read_to_string(&path)?;
+    let froms: Vec<String> = dockerfile::instructions(&text)
+        .into_iter()
+        .filter_map(|line| {
+            let (keyword, args) = line.split_once(char::is_whitespace)?;
+            keyword
+                .eq_ignore_ascii_case("FROM")
+                .then(|| args.to_owned())
+        })
+        .collect();
+    anyhow::ensure!(
+        froms.len() >= 2,
+        "expected a build and a final stage: {froms:?}"
+    );
+    for from in &froms {
+        let (name, digest) = dockerfile::image_reference(from);
+        let hex = digest
+            .and_then(|d| d.strip_prefix("sha256:"))
+            .unwrap_or_default();
+        anyhow::ensure!(
+            hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+            "FROM {name} is not pinned by a sha256 digest ({from})"
+        );
+        anyhow::ensure!(
+            name.contains(':'),
+            "FROM {name} names no tag for the reader"
+        );
+    }
+    let last = froms.last().map(|from| dockerfile::image_reference(from).0);
+    assert_eq!(last, Some(product::DISTROLESS_BASE));
+    Ok(())
+}
+
 fn release_workflow() -> anyhow::Result<serde_yaml::Value> {
     let path = bucketmap_testkit::repo_path(".github/workflows/release.yml");
     let text =

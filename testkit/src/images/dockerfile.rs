@@ -7,8 +7,10 @@ use anyhow::Context as _;
 /// The final stage of a Dockerfile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FinalStage {
-    /// The base image (`FROM`).
+    /// The base image (`FROM`), without its digest.
     pub base: String,
+    /// The digest the base is pinned by (`FROM name@sha256:...`), if any.
+    pub digest: Option<String>,
     /// Each `COPY`: its sources and its destination.
     pub copies: Vec<(Vec<String>, String)>,
     /// `ENV` settings as `NAME=value`, in order.
@@ -36,9 +38,10 @@ impl FinalStage {
             let args = args.trim();
             match keyword.to_ascii_uppercase().as_str() {
                 "FROM" => {
-                    let base = args.split_whitespace().next().unwrap_or_default();
+                    let (base, digest) = image_reference(args);
                     stage = Some(FinalStage {
                         base: base.to_owned(),
+                        digest: digest.map(str::to_owned),
                         ..FinalStage::default()
                     });
                 }
@@ -79,9 +82,19 @@ impl FinalStage {
     }
 }
 
+/// The image a `FROM` names (`name[:tag][@digest] [AS stage]`): the name
+/// with its tag, and the digest when the reference is pinned by one.
+pub fn image_reference(from_args: &str) -> (&str, Option<&str>) {
+    let image = from_args.split_whitespace().next().unwrap_or_default();
+    match image.split_once('@') {
+        Some((name, digest)) => (name, Some(digest)),
+        None => (image, None),
+    }
+}
+
 /// The instructions of a Dockerfile, continuation lines joined, comments
 /// and blank lines left out.
-fn instructions(text: &str) -> Vec<String> {
+pub fn instructions(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
     for line in text.lines() {

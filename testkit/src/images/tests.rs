@@ -275,12 +275,13 @@ fn images_dockerfile_final_stage_is_read_with_continuations_and_both_env_forms()
 -> anyhow::Result<()> {
     let text = "FROM rust AS build\nUSER 1\nENV BUILD=1\n\
                 # FROM a comment\n\
-                FROM gcr.io/distroless/cc-debian12:nonroot\n\
+                FROM gcr.io/distroless/cc-debian12:nonroot@sha256:0a1b AS run\n\
                 COPY --from=build /out/a \\\n  /out/b /usr/local/bin/\n\
                 ENV A=1 B=\"two\"\nENV C three\nUSER 65532:65532\n\
                 ENTRYPOINT [\"/usr/local/bin/a\", \"run\"]\n";
     let stage = dockerfile::FinalStage::parse(text)?;
     assert_eq!(stage.base, "gcr.io/distroless/cc-debian12:nonroot");
+    assert_eq!(stage.digest.as_deref(), Some("sha256:0a1b"));
     let sources = vec!["/out/a".to_owned(), "/out/b".to_owned()];
     assert_eq!(stage.copies, [(sources, "/usr/local/bin/".to_owned())]);
     assert_eq!(stage.env, ["A=1", "B=two", "C=three"]);
