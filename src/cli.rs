@@ -58,7 +58,7 @@ pub struct OperatorArgs {
     /// default project only (its annotation's, else --default-project).
     #[arg(long, env = "BUCKETMAP_TENANCY_POLICY", value_parser = tenancy_policy)]
     tenancy_policy: Option<crate::tenancy::Policy>,
-    /// Drift check period per resource (jittered ±10 %).
+    /// Drift check period: each resource is checked once per period.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     resync: Duration,
     /// Minimum interval between bucket creates/deletes per project (GCS allows ~1 per 2 s); 0 disables.

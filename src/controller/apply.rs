@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use super::notifications::{Synced, sync_notifications};
 use super::status::StatusWriter;
-use super::{Context, PROJECT_ANNOTATION, resync};
+use super::{Context, PROJECT_ANNOTATION, in_sync};
 use crate::Result;
 use crate::bucket_map::Verdict;
 use crate::conditions::{
@@ -96,7 +96,7 @@ pub(super) async fn apply(
     let notified = Box::pin(sync_notifications(&obj, ctx, status, &bucket.bucket_id)).await?;
     Box::pin(status.flush()).await?;
     Ok(match notified {
-        Synced::Done => resync(ctx),
+        Synced::Done => in_sync(),
         // A topic may be created any moment; look again before the resync.
         Synced::TopicRefused => Action::requeue(super::jitter(TOPIC_RETRY.min(ctx.config.resync))),
     })
@@ -146,7 +146,7 @@ async fn resolve_project(
         Ok(project) => Ok(ControlFlow::Continue((project, default))),
         Err(refusal) => {
             status.not_ready(refusal.reason, refusal.message).await?;
-            Ok(ControlFlow::Break(resync(ctx)))
+            Ok(ControlFlow::Break(in_sync()))
         }
     }
 }
@@ -190,7 +190,7 @@ async fn check_policy(
             status
                 .not_ready(reason::NOT_ALLOWED_BY_POLICY, refusal.0)
                 .await?;
-            Ok(ControlFlow::Break(resync(ctx)))
+            Ok(ControlFlow::Break(in_sync()))
         }
     }
 }
@@ -363,7 +363,7 @@ async fn ensure_bucket_phase(
         None => {
             // The condition says why (taken names, or not ours any more).
             status.flush().await?;
-            Ok(ControlFlow::Break(resync(ctx)))
+            Ok(ControlFlow::Break(in_sync()))
         }
     }
 }
@@ -899,7 +899,7 @@ async fn publish(
         Verdict::TooLarge(message) => (reason::MAP_FULL, message),
     };
     Box::pin(status.not_ready(why, message)).await?;
-    Ok(ControlFlow::Break(resync(ctx)))
+    Ok(ControlFlow::Break(in_sync()))
 }
 
 /// Phase 6: `Ready` (written with the access phase's status).

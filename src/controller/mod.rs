@@ -20,6 +20,7 @@ mod fast_tests;
 mod finalizer;
 mod namespaces;
 mod notifications;
+mod resync;
 mod scope;
 mod status;
 mod watches;
@@ -63,7 +64,8 @@ pub struct OperatorConfig {
     pub cluster_id: String,
     /// Project used when neither the spec nor the namespace names one.
     pub default_project: Option<String>,
-    /// Period of the drift check for each resource (jittered ±10 %).
+    /// Period of the drift check: each resource is reconciled once per
+    /// period, at an offset within it fixed by its uid (module `resync`).
     pub resync: Duration,
     /// How many candidate names to try before giving up with `NameConflict`.
     pub max_name_attempts: u32,
@@ -289,9 +291,10 @@ impl Context {
     }
 }
 
-/// The requeue after a reconcile that did its work: the drift check.
-fn resync(ctx: &Context) -> Action {
-    Action::requeue(jitter(ctx.config.resync))
+/// The action after a reconcile that did its work: none; the drift check
+/// brings the resource back once per resync period (module `resync`).
+fn in_sync() -> Action {
+    Action::await_change()
 }
 
 fn jitter(d: Duration) -> Duration {

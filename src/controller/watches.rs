@@ -63,7 +63,12 @@ pub async fn run(
         service_accounts: service_accounts.clone(),
     };
     let (ctx, woken) = Context::build(client, gcs, metrics, config, stores, Arc::default());
-    let controller = controller(gcs_stream, resources.clone(), concurrency, woken, ns_stream);
+    let triggers = Triggers {
+        woken,
+        namespaces: ns_stream,
+        resync: ctx.config.resync,
+    };
+    let controller = controller(gcs_stream, resources.clone(), concurrency, triggers);
     let controller = with_service_accounts(controller, sa_stream);
     let synced = ctx.namespaces_synced.clone();
     let caches = Caches {
@@ -139,24 +144,35 @@ fn watch_resources(
     (reader, stream)
 }
 
-/// The controller over `resources`, also reconciling refused map claims
-/// that may now succeed (`woken`: an entry left the map) and every resource
-/// of a namespace whose project annotation changed (`namespaces`).
+/// What brings a resource to the controller besides its own changes.
+struct Triggers<N> {
+    /// Refused map claims that may now succeed: an entry left the map.
+    woken: mpsc::UnboundedReceiver<ObjectRef<Gcs>>,
+    /// Namespaces whose project annotation changed: each of their resources.
+    namespaces: N,
+    /// The drift check's period (module `resync`).
+    resync: Duration,
+}
+
+/// The controller over `resources` and what else `triggers` a reconcile.
 fn controller(
     resources: impl Stream<Item = Result<Gcs, watcher::Error>> + Send + 'static,
     cache: Store<Gcs>,
     concurrency: u16,
-    woken: mpsc::UnboundedReceiver<ObjectRef<Gcs>>,
-    namespaces: impl Stream<Item = Result<NamespaceMeta, watcher::Error>> + Send + 'static,
+    triggers: Triggers<impl Stream<Item = Result<NamespaceMeta, watcher::Error>> + Send + 'static>,
 ) -> Controller<Gcs> {
+    let resyncs = super::resync::resyncs(cache.clone(), triggers.resync);
     let controller = Controller::for_stream(resources, cache)
         .with_config(
             kube::runtime::controller::Config::default()
                 .concurrency(Slots::controller_concurrency(concurrency)),
         )
-        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken));
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            triggers.woken,
+        ))
+        .reconcile_on(resyncs);
     let store = controller.store();
-    controller.watches_stream(namespaces, move |ns| {
+    controller.watches_stream(triggers.namespaces, move |ns| {
         let name = ns.name_any();
         store
             .state()
