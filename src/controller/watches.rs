@@ -36,9 +36,17 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// object: all but the API server's record of who wrote which field
 /// (`managedFields`) and `kubectl apply`'s copy of the object, which
 /// nothing here reads and which would double the memory each one takes.
-fn trim_for_cache<K: ResourceExt>(obj: &mut K) {
-    obj.managed_fields_mut().clear();
-    obj.annotations_mut().remove(LAST_APPLIED);
+/// What is dropped is freed, not kept as spare capacity: a cleared list
+/// and an emptied map keep their buffers, one per cached object.
+pub(super) fn trim_for_cache<K: ResourceExt>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -413,11 +421,18 @@ mod tests {
             ..Default::default()
         };
         trim_for_cache(&mut sa);
-        assert_eq!(sa.managed_fields(), &[] as &[ManagedFieldsEntry]);
+        assert_eq!(sa.metadata.managed_fields, None, "no buffer is kept");
         assert_eq!(
             sa.annotations().keys().collect::<Vec<_>>(),
             ["iam.gke.io/gcp-service-account"]
         );
         assert_eq!(sa.name_any(), "app");
+
+        // kubectl's copy was the only annotation: no empty map is kept.
+        sa.annotations_mut().clear();
+        sa.annotations_mut()
+            .insert(LAST_APPLIED.into(), "{...}".into());
+        trim_for_cache(&mut sa);
+        assert_eq!(sa.metadata.annotations, None);
     }
 }

@@ -152,7 +152,7 @@ impl Harness {
         let map_name = self.ctx.config.map_name.clone();
         let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         let resources = self.api.list::<Gcs>().into_iter().map(|mut g| {
-            g.managed_fields_mut().clear();
+            crate::controller::watches::trim_for_cache(&mut g);
             g
         });
         relist(&mut w.resources, resources);
