@@ -267,7 +267,6 @@ fn the_assembled_image_is_the_one_the_dockerfile_describes() -> anyhow::Result<(
     Ok(())
 }
 
-/// The release workflow, parsed.
 /// Every stage of the Dockerfile starts from an image pinned by a sha256
 /// digest (a tag can be moved to other bytes, a digest cannot), the final
 /// one from the base the node tests' image assembler imitates.
@@ -276,15 +275,7 @@ fn every_base_image_is_pinned_by_digest() -> anyhow::Result<()> {
     use bucketmap_testkit::images::{dockerfile, product};
     let path = bucketmap_testkit::repo_path("Dockerfile");
     let text = std::fs::read_to_string(&path)?;
-    let froms: Vec<String> = dockerfile::instructions(&text)
-        .into_iter()
-        .filter_map(|line| {
-            let (keyword, args) = line.split_once(char::is_whitespace)?;
-            keyword
-                .eq_ignore_ascii_case("FROM")
-                .then(|| args.to_owned())
-        })
-        .collect();
+    let froms = dockerfile::from_args(&text);
     anyhow::ensure!(
         froms.len() >= 2,
         "expected a build and a final stage: {froms:?}"
@@ -308,6 +299,7 @@ fn every_base_image_is_pinned_by_digest() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The release workflow, parsed.
 fn release_workflow() -> anyhow::Result<serde_yaml::Value> {
     let path = bucketmap_testkit::repo_path(".github/workflows/release.yml");
     let text =

@@ -9,8 +9,6 @@ use anyhow::Context as _;
 pub struct FinalStage {
     /// The base image (`FROM`), without its digest.
     pub base: String,
-    /// The digest the base is pinned by (`FROM name@sha256:...`), if any.
-    pub digest: Option<String>,
     /// Each `COPY`: its sources and its destination.
     pub copies: Vec<(Vec<String>, String)>,
     /// `ENV` settings as `NAME=value`, in order.
@@ -38,10 +36,8 @@ impl FinalStage {
             let args = args.trim();
             match keyword.to_ascii_uppercase().as_str() {
                 "FROM" => {
-                    let (base, digest) = image_reference(args);
                     stage = Some(FinalStage {
-                        base: base.to_owned(),
-                        digest: digest.map(str::to_owned),
+                        base: image_reference(args).0.to_owned(),
                         ..FinalStage::default()
                     });
                 }
@@ -92,9 +88,23 @@ pub fn image_reference(from_args: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// The arguments of every `FROM` in `text`, in order (`name[@digest] [AS
+/// stage]`; see [`image_reference`]).
+pub fn from_args(text: &str) -> Vec<String> {
+    instructions(text)
+        .into_iter()
+        .filter_map(|line| {
+            let (keyword, args) = line.split_once(char::is_whitespace)?;
+            keyword
+                .eq_ignore_ascii_case("FROM")
+                .then(|| args.trim().to_owned())
+        })
+        .collect()
+}
+
 /// The instructions of a Dockerfile, continuation lines joined, comments
 /// and blank lines left out.
-pub fn instructions(text: &str) -> Vec<String> {
+fn instructions(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
     for line in text.lines() {

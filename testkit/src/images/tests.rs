@@ -281,7 +281,16 @@ fn images_dockerfile_final_stage_is_read_with_continuations_and_both_env_forms()
                 ENTRYPOINT [\"/usr/local/bin/a\", \"run\"]\n";
     let stage = dockerfile::FinalStage::parse(text)?;
     assert_eq!(stage.base, "gcr.io/distroless/cc-debian12:nonroot");
-    assert_eq!(stage.digest.as_deref(), Some("sha256:0a1b"));
+    assert_eq!(
+        dockerfile::from_args(text)
+            .iter()
+            .map(|from| dockerfile::image_reference(from))
+            .collect::<Vec<_>>(),
+        [
+            ("rust", None),
+            ("gcr.io/distroless/cc-debian12:nonroot", Some("sha256:0a1b"))
+        ]
+    );
     let sources = vec!["/out/a".to_owned(), "/out/b".to_owned()];
     assert_eq!(stage.copies, [(sources, "/usr/local/bin/".to_owned())]);
     assert_eq!(stage.env, ["A=1", "B=two", "C=three"]);
