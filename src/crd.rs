@@ -177,11 +177,13 @@ pub struct GcsSpec {
     // them: an absent one leaves the bucket's value alone, so that an
     // upgrade, an adoption or a restore never removes a key, a CORS rule or
     // a log sink set outside bucketmap. An empty value removes it.
+    // The larger of them are boxed: most resources leave them out, and
+    // every resource is cached, so an absent one costs a pointer, not its size.
     /// Customer-managed encryption (CMEK): the Cloud KMS key that encrypts
     /// new objects by default. `encryption: {}`: Google-managed keys.
     /// Absent: the bucket's encryption is left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub encryption: Option<Encryption>,
+    pub encryption: Option<Box<Encryption>>,
 
     /// Cross-origin resource sharing rules: which origins may make browser
     /// requests to the bucket, with which methods and response headers.
@@ -194,7 +196,7 @@ pub struct GcsSpec {
     /// paths and the page served for missing objects. `website: {}`: none.
     /// Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub website: Option<Website>,
+    pub website: Option<Box<Website>>,
 
     /// Who pays for requests and data egress. Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,7 +205,7 @@ pub struct GcsSpec {
     /// Usage and storage logs of this bucket, written as objects to another
     /// bucket. `logging: {}`: no logs. Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logging: Option<Logging>,
+    pub logging: Option<Box<Logging>>,
 
     /// Place an event-based hold on every new object: it cannot be deleted
     /// or replaced until the hold is released. Absent: left as it is.
@@ -224,7 +226,7 @@ pub struct GcsSpec {
     /// A configurable dual-region: the two regions of the multi-region
     /// `location` that hold the data. Set at creation only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub custom_placement_config: Option<CustomPlacementConfig>,
+    pub custom_placement_config: Option<Box<CustomPlacementConfig>>,
 
     /// Object Retention Lock: objects may carry a retention of their own
     /// (a retain-until time) that prevents their deletion. Set at creation
@@ -247,7 +249,7 @@ pub struct GcsSpec {
     /// the bucket, and `forceDestroy` works only from an allowed address.
     /// `{mode: Disabled}` turns it off. Absent: left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ip_filter: Option<IpFilter>,
+    pub ip_filter: Option<Box<IpFilter>>,
 
     /// What happens to the bucket when this resource is deleted (see
     /// [`DeletionPolicy`]; the schema shows the type's description).
@@ -264,7 +266,7 @@ pub struct GcsSpec {
     /// be unowned (or already owned by this cluster identity, namespace and
     /// name); its settings are then made as declared, every change reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adopt: Option<Adopt>,
+    pub adopt: Option<Box<Adopt>>,
 
     /// Who may use the bucket: IAM roles on the bucket for ServiceAccounts of
     /// this namespace (through GKE Workload Identity) or for IAM principals

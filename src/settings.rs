@@ -229,9 +229,17 @@ impl Settings {
                 .as_ref()
                 .and_then(|e| e.default_kms_key_name.clone()),
             cors: spec.cors.iter().flatten().map(cors_from_spec).collect(),
-            website: spec.website.clone().filter(website_is_set),
+            website: spec
+                .website
+                .as_deref()
+                .filter(|w| website_is_set(w))
+                .cloned(),
             requester_pays: spec.billing.as_ref().is_some_and(|b| b.requester_pays),
-            logging: spec.logging.clone().filter(|l| l.log_bucket.is_some()),
+            logging: spec
+                .logging
+                .as_deref()
+                .filter(|l| l.log_bucket.is_some())
+                .cloned(),
             default_event_based_hold: spec.default_event_based_hold.unwrap_or(false),
             autoclass: spec.autoclass.as_ref().filter(|a| a.enabled).map(|a| {
                 a.terminal_storage_class
@@ -249,7 +257,7 @@ impl Settings {
                     .flat_map(|c| &c.data_locations),
             ),
             object_retention: spec.object_retention.is_some(),
-            ip_filter: spec.ip_filter.as_ref().and_then(ip_filter_from_spec),
+            ip_filter: spec.ip_filter.as_deref().and_then(ip_filter_from_spec),
             unmanaged: unmanaged(spec),
         }
     }
