@@ -14,6 +14,7 @@
 
 mod access;
 mod apply;
+mod changes;
 mod cleanup;
 #[cfg(test)]
 mod fast_tests;

@@ -13,7 +13,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -139,16 +139,11 @@ fn watch_resources(
     let watched = config.watched_namespaces();
     let (reader, writer) = reflector::store();
     let watch = watcher::Config::default().any_semantic();
-    let stream = scope::watch_in(watched.as_deref(), &watch, api_in::<Gcs>(client))
-        .modify(trim_for_cache::<Gcs>)
-        .reflect(writer)
-        .applied_objects()
-        // Status writes do not trigger reconciles; spec changes, deletion
-        // (which bumps the generation) and finalizer changes do.
-        .predicate_filter(
-            predicates::generation.combine(predicates::finalizers),
-            Default::default(),
-        );
+    let events = scope::watch_in(watched.as_deref(), &watch, api_in::<Gcs>(client))
+        .modify(trim_for_cache::<Gcs>);
+    // Status writes do not trigger reconciles; spec changes, deletion
+    // (which bumps the generation) and finalizer changes do.
+    let stream = super::changes::reflect_changes(events, writer, reader.clone());
     (reader, stream)
 }
 
