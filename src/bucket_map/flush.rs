@@ -106,15 +106,15 @@ impl BucketMaps {
         // Keys in the map that are not ours count against the budget.
         let others: usize = data
             .iter()
-            .filter(|(k, _)| !state.applied.contains_key(*k))
+            .filter(|(k, _)| !state.applied.contains_key(k.as_str()))
             .map(|(k, v)| entry_cost(k, v))
             .sum();
         let incumbents: BTreeMap<String, String> = state
             .applied
             .iter()
-            .map(|(logical, (uid, _))| (logical.clone(), uid.clone()))
+            .map(|(logical, (uid, _))| (logical.to_string(), uid.to_string()))
             .collect();
-        let waiting: BTreeMap<String, plan::Claim> = state
+        let waiting: BTreeMap<Arc<str>, plan::Claim> = state
             .refused
             .iter()
             .filter(|(_, r)| r.full)
@@ -145,12 +145,16 @@ impl BucketMaps {
         if state.uncertain || owned.iter().any(|k| !plan.data.contains_key(k)) {
             return true;
         }
-        let ours: BTreeMap<&String, &String> = state
+        let ours: BTreeMap<&str, &str> = state
             .applied
             .iter()
-            .map(|(logical, (_, physical))| (logical, physical))
+            .map(|(logical, (_, physical))| (&**logical, &**physical))
             .collect();
-        let planned: BTreeMap<&String, &String> = plan.data.iter().collect();
+        let planned: BTreeMap<&str, &str> = plan
+            .data
+            .iter()
+            .map(|(logical, physical)| (logical.as_str(), physical.as_str()))
+            .collect();
         if ours != planned {
             return true;
         }
@@ -160,18 +164,19 @@ impl BucketMaps {
     /// Records a plan the map now holds.
     fn commit(&self, map: &NamespaceMap, plan: Plan) {
         let mut state = lock(&map.state);
-        let before: Vec<String> = state.applied.keys().cloned().collect();
-        let claimant: HashMap<(&str, &str), &str> = state
+        let before: Vec<Arc<str>> = state.applied.keys().cloned().collect();
+        let claimant: HashMap<(&str, &str), &plan::Claim> = state
             .claims
             .values()
-            .map(|c| ((c.logical.as_str(), c.physical.as_str()), c.uid.as_str()))
+            .map(|c| ((&*c.logical, &*c.physical), c))
             .collect();
+        // The entries share the claims' names: no copy per entry.
         let applied = plan
             .data
             .iter()
             .filter_map(|(logical, physical)| {
-                let uid = claimant.get(&(logical.as_str(), physical.as_str()))?;
-                Some((logical.clone(), ((*uid).to_owned(), physical.clone())))
+                let c = claimant.get(&(logical.as_str(), physical.as_str()))?;
+                Some((c.logical.clone(), (c.uid.clone(), c.physical.clone())))
             })
             .collect();
         state.applied = applied;

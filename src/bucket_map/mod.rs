@@ -101,12 +101,12 @@ struct NamespaceMap {
 #[derive(Default)]
 struct State {
     /// Resources asking for an entry, by uid.
-    claims: BTreeMap<String, Claim>,
+    claims: BTreeMap<Arc<str>, Claim>,
     /// Bumped by every change of `claims`.
     version: u64,
     flushing: bool,
     /// What the map holds from us: logical → (uid, physical).
-    applied: BTreeMap<String, (String, String)>,
+    applied: BTreeMap<Arc<str>, (Arc<str>, Arc<str>)>,
     /// Keys owned by other field managers (from the API server's conflicts).
     foreign: BTreeMap<String, String>,
     /// A write failed without an answer: it may have been committed (a lost
@@ -114,9 +114,9 @@ struct State {
     /// next flush writes whatever it plans; the apply removes them.
     uncertain: bool,
     /// The verdict of each claim in the latest plan.
-    verdicts: HashMap<String, Verdict>,
+    verdicts: HashMap<Arc<str>, Verdict>,
     /// Refused claims, woken when an entry leaves the map.
-    refused: HashMap<String, Refused>,
+    refused: HashMap<Arc<str>, Refused>,
 }
 
 /// A claim the latest plan refused.
@@ -190,10 +190,10 @@ impl BucketMaps {
         let map = self.namespace(&claim_ns(obj)?);
         let version = {
             let mut state = lock(&map.state);
-            state.refused.remove(&uid);
-            state.verdicts.remove(&uid);
-            let claimed = state.claims.remove(&uid).is_some();
-            let in_map = state.applied.values().any(|(holder, _)| *holder == uid)
+            state.refused.remove(uid.as_str());
+            state.verdicts.remove(uid.as_str());
+            let claimed = state.claims.remove(uid.as_str()).is_some();
+            let in_map = state.applied.values().any(|(holder, _)| **holder == *uid)
                 || self.owns_key(&map.ns, &obj.spec.bucket_name);
             if !claimed && !in_map {
                 return Ok(());
@@ -232,8 +232,8 @@ impl BucketMaps {
         }
         self.configmaps
             .get(&ObjectRef::new(&self.settings.map_name).within(ns))
-            .and_then(|cm| cm.data.as_ref()?.get(&claim.logical).cloned())
-            .is_some_and(|v| v == claim.physical)
+            .and_then(|cm| cm.data.as_ref()?.get(&*claim.logical).cloned())
+            .is_some_and(|v| *v == *claim.physical)
     }
 
     /// Records a change and makes sure a flush will pick it up.
@@ -292,12 +292,11 @@ impl BucketMaps {
             let Ok(claim) = claim_of(&obj, &physical) else {
                 continue;
             };
-            if data.get(&claim.logical) != Some(&physical) {
+            if data.get(&*claim.logical) != Some(&physical) {
                 continue;
             }
-            state
-                .applied
-                .insert(claim.logical.clone(), (claim.uid.clone(), physical));
+            let entry = (claim.uid.clone(), claim.physical.clone());
+            state.applied.insert(claim.logical.clone(), entry);
             if obj.meta().deletion_timestamp.is_none() {
                 state.verdicts.insert(claim.uid.clone(), Verdict::Published);
                 state.claims.insert(claim.uid.clone(), claim);
@@ -372,10 +371,10 @@ fn claim_ns(obj: &Gcs) -> Result<String> {
 
 fn claim_of(obj: &Gcs, physical: &str) -> Result<Claim> {
     Ok(Claim {
-        uid: obj.uid().ok_or(Error::MissingField("metadata.uid"))?,
+        uid: obj.uid().ok_or(Error::MissingField("metadata.uid"))?.into(),
         name: obj.name_any(),
-        logical: obj.spec.bucket_name.clone(),
-        physical: physical.to_owned(),
+        logical: obj.spec.bucket_name.as_str().into(),
+        physical: physical.into(),
         created: obj.meta().creation_timestamp.as_ref().map(|t| t.0),
     })
 }

@@ -12,20 +12,24 @@
 //! 4. Entries are admitted oldest first while they fit in the budget.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 
 /// A resource whose bucket exists and is as declared: it asks for its entry.
+/// A namespace's writer keeps one per resource for the resource's life and
+/// files its uid, logical and physical names in several tables (claims,
+/// entries written, verdicts): they are shared, one allocation each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
     /// The resource's `metadata.uid`.
-    pub uid: String,
+    pub uid: Arc<str>,
     /// The resource's name (in the map's namespace).
     pub name: String,
     /// The logical bucket name (`spec.bucketName`): the map's key.
-    pub logical: String,
+    pub logical: Arc<str>,
     /// The physical bucket name: the map's value.
-    pub physical: String,
+    pub physical: Arc<str>,
     /// `metadata.creationTimestamp`: the oldest contender wins a logical name.
     pub created: Option<Timestamp>,
 }
@@ -58,16 +62,16 @@ pub enum Verdict {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub data: BTreeMap<String, String>,
-    pub verdicts: HashMap<String, Verdict>,
+    pub verdicts: HashMap<Arc<str>, Verdict>,
 }
 
 /// Everything the plan is computed from.
 pub struct Inputs<'a> {
-    pub claims: &'a BTreeMap<String, Claim>,
+    pub claims: &'a BTreeMap<Arc<str>, Claim>,
     /// Claims refused earlier for want of room, waiting to be woken: they keep
     /// their place in the oldest-first order, so a younger claim cannot take
     /// the room an older one waits for.
-    pub waiting: &'a BTreeMap<String, Claim>,
+    pub waiting: &'a BTreeMap<Arc<str>, Claim>,
     /// Logical name → uid of the resource whose entry the map holds now.
     pub incumbents: &'a BTreeMap<String, String>,
     pub contenders: &'a [Contender],
@@ -96,20 +100,18 @@ fn holders(inputs: &Inputs<'_>) -> HashMap<String, (String, String)> {
     let people = inputs
         .contenders
         .iter()
-        .map(|c| (&c.logical, &c.uid, &c.name, &c.created))
+        .map(|c| (c.logical.as_str(), c.uid.as_str(), &c.name, &c.created))
         .chain(
             inputs
                 .claims
                 .values()
-                .map(|c| (&c.logical, &c.uid, &c.name, &c.created)),
+                .map(|c| (&*c.logical, &*c.uid, &c.name, &c.created)),
         );
     for (logical, uid, name, created) in people {
         let (when, by_name) = age_key(created, name);
-        let entry = oldest
-            .entry(logical.as_str())
-            .or_insert((when, by_name, uid.as_str()));
+        let entry = oldest.entry(logical).or_insert((when, by_name, uid));
         if (when, by_name) < (entry.0, entry.1) {
-            *entry = (when, by_name, uid.as_str());
+            *entry = (when, by_name, uid);
         }
     }
     for (logical, (_, name, uid)) in oldest {
@@ -117,8 +119,8 @@ fn holders(inputs: &Inputs<'_>) -> HashMap<String, (String, String)> {
     }
     // An incumbent that still claims its name keeps it.
     for (logical, uid) in inputs.incumbents {
-        if let Some(claim) = inputs.claims.get(uid)
-            && claim.logical == *logical
+        if let Some(claim) = inputs.claims.get(uid.as_str())
+            && *claim.logical == **logical
         {
             holders.insert(logical.clone(), (uid.clone(), claim.name.clone()));
         }
@@ -132,7 +134,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let waiting = inputs
         .waiting
         .values()
-        .filter(|c| !inputs.claims.contains_key(&c.uid))
+        .filter(|c| !inputs.claims.contains_key(&*c.uid))
         .map(|c| (c, true));
     let mut claims: Vec<(&Claim, bool)> = inputs
         .claims
@@ -152,7 +154,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         }
         if verdict == Verdict::Published {
             out.data
-                .insert(claim.logical.clone(), claim.physical.clone());
+                .insert(claim.logical.to_string(), claim.physical.to_string());
         }
         out.verdicts.insert(claim.uid.clone(), verdict);
     }
@@ -165,9 +167,9 @@ fn verdict(
     claim: &Claim,
     used: &mut usize,
 ) -> Verdict {
-    let logical = &claim.logical;
+    let logical = &*claim.logical;
     if let Some((uid, name)) = holders.get(logical)
-        && *uid != claim.uid
+        && **uid != *claim.uid
     {
         return Verdict::Conflict(format!(
             "logical name {logical} belongs to Gcs {name}, which declared it first in this namespace; bucket {} is not published",
@@ -204,16 +206,16 @@ mod tests {
             uid: uid.into(),
             name: format!("gcs-{uid}"),
             logical: logical.into(),
-            physical: format!("{logical}-{uid}"),
+            physical: format!("{logical}-{uid}").into(),
             created: at(secs),
         }
     }
 
     fn contender(c: &Claim) -> Contender {
         Contender {
-            uid: c.uid.clone(),
+            uid: c.uid.to_string(),
             name: c.name.clone(),
-            logical: c.logical.clone(),
+            logical: c.logical.to_string(),
             created: c.created,
         }
     }
@@ -239,7 +241,10 @@ mod tests {
         let old = claim("a", "photos", 10);
         let young = claim("b", "photos", 20);
         let p = run(&[young.clone(), old.clone()], &[], &[]);
-        assert_eq!(p.data.get("photos"), Some(&old.physical));
+        assert_eq!(
+            p.data.get("photos").map(String::as_str),
+            Some(&*old.physical)
+        );
         assert_eq!(p.verdicts["a"], Verdict::Published);
         assert!(matches!(&p.verdicts["b"], Verdict::Conflict(m) if m.contains("gcs-a")));
     }
