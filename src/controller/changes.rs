@@ -6,8 +6,7 @@
 //! every object's name, namespace and uid beside the reflector's store,
 //! which already holds the previous version of each object. Comparing with
 //! that version before the store takes the new one decides alike and keeps
-//! nothing: at tens of thousands of resources that table is a tenth of the
-//! operator's memory.
+//! nothing per resource (the operator's memory at scale: docs/BENCHMARKS.md).
 
 use futures::{Stream, TryStreamExt, future};
 use kube::runtime::reflector::store::Writer;
