@@ -13,6 +13,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::extract::Request;
 use bucketmap::controller::PROJECT_ANNOTATION;
@@ -75,6 +76,19 @@ async fn a_new_bucket_goes_to_the_annotated_project_though_the_cache_missed_the_
         Some("team-project"),
         "the bucket was created in another project than the namespace's"
     );
+    // A later reconcile finds the bucket recorded and the cache still
+    // without the annotation: it reads the namespace again rather than
+    // report the project changed.
+    f.merge_spec("after", serde_json::json!({"labels": {"touched": "yes"}}))
+        .await?;
+    let generation = after.metadata.generation.map(|g| g + 1);
+    f.wait_for(
+        "after",
+        Duration::from_secs(60),
+        "Ready=True at the new generation",
+        |g| g.is_ready() && g.status.as_ref().and_then(|s| s.observed_generation) == generation,
+    )
+    .await?;
     // The reads selected the namespace by its name label (one consistent
     // LIST per round), with no GET needed as a fallback.
     assert!(listed.load(Ordering::SeqCst) >= 2, "{listed:?}");

@@ -125,7 +125,9 @@ async fn validate(
 }
 
 /// Phase 2: the project the bucket must live in, and the namespace's
-/// default project (its annotation's, else the operator's).
+/// default project (its annotation's, else the operator's). A refusal is
+/// never made on the cache's word alone: the namespace is read again first,
+/// since the cache can lag behind an annotation the bucket was created with.
 async fn resolve_project(
     obj: &Gcs,
     ctx: &Context,
@@ -133,14 +135,16 @@ async fn resolve_project(
     slot: &mut Slot,
 ) -> Result<ControlFlow<Action, (String, Option<String>)>> {
     let ns = obj.namespace().unwrap_or_default();
-    let annotated = namespace_project(ctx, &ns, &status.status, slot).await?;
-    let resolved = project_for(
-        &ns,
-        obj.spec.project_id.as_deref(),
-        annotated.as_deref(),
-        ctx.config.default_project.as_deref(),
-    )
-    .and_then(|project| still_in_recorded_project(&status.status, project));
+    let cached = cached_namespace_project(ctx, &ns, &status.status);
+    let mut annotated = match &cached {
+        Some(annotation) => annotation.clone(),
+        None => read_namespace_project(ctx, &ns, slot).await?,
+    };
+    let mut resolved = required_project(obj, ctx, &ns, annotated.as_deref(), &status.status);
+    if resolved.is_err() && cached.is_some() {
+        annotated = read_namespace_project(ctx, &ns, slot).await?;
+        resolved = required_project(obj, ctx, &ns, annotated.as_deref(), &status.status);
+    }
     let default = default_project(annotated.as_deref(), ctx.config.default_project.as_deref());
     match resolved {
         Ok(project) => Ok(ControlFlow::Continue((project, default))),
@@ -149,6 +153,25 @@ async fn resolve_project(
             Ok(ControlFlow::Break(in_sync()))
         }
     }
+}
+
+/// The project `obj`'s bucket must live in, given its namespace's project
+/// annotation: [`project_for`], pinned to the project recorded with the
+/// bucket.
+fn required_project(
+    obj: &Gcs,
+    ctx: &Context,
+    ns: &str,
+    annotated: Option<&str>,
+    recorded: &GcsStatus,
+) -> std::result::Result<String, Refusal> {
+    project_for(
+        ns,
+        obj.spec.project_id.as_deref(),
+        annotated,
+        ctx.config.default_project.as_deref(),
+    )
+    .and_then(|project| still_in_recorded_project(recorded, project))
 }
 
 /// Phase 3: the tenancy policy allows the resource. Before the bucket
@@ -233,26 +256,31 @@ fn buckets_with(obj: &Gcs, all: &[Gcs]) -> usize {
     counted.count() + 1
 }
 
-/// The project annotation of namespace `ns`. The cache answers for a
-/// resource whose bucket name is recorded (its project was recorded with
-/// it, before the bucket was created, and is pinned). For one whose project
-/// is chosen now, or whose namespace the cache has not seen yet, the
-/// namespace is read from the API server: the cache can lag behind a
+/// The project annotation of namespace `ns` as the cache holds it, when
+/// the cache may answer: for a resource whose bucket name is recorded (its
+/// project was recorded with it, before the bucket was created, and is
+/// pinned) and whose namespace the cache has seen.
+fn cached_namespace_project(
+    ctx: &Context,
+    ns: &str,
+    recorded: &GcsStatus,
+) -> Option<Option<String>> {
+    recorded.bucket_full_name.as_ref()?;
+    let cached = ctx.namespaces.get(&ObjectRef::new(ns))?;
+    Some(super::namespaces::project_annotation_of(&cached))
+}
+
+/// The project annotation of namespace `ns`, read from the API server: for
+/// a resource whose project is chosen now, the cache can lag behind a
 /// namespace created or annotated just before the resource, and a bucket
 /// created in the wrong project cannot be moved. Reads are shared by the
 /// resources that ask at once (module `namespaces`); waiting for one gives
 /// the work slot to another reconcile.
-async fn namespace_project(
+async fn read_namespace_project(
     ctx: &Context,
     ns: &str,
-    recorded: &GcsStatus,
     slot: &mut Slot,
 ) -> Result<Option<String>> {
-    if recorded.bucket_full_name.is_some()
-        && let Some(cached) = ctx.namespaces.get(&ObjectRef::new(ns))
-    {
-        return Ok(super::namespaces::project_annotation_of(&cached));
-    }
     slot.released_while(ctx.namespace_reads.project_annotation(ns))
         .await?
 }

@@ -149,6 +149,16 @@ impl Harness {
 
     /// Refills the caches from the fake API server, as the watches would.
     pub fn sync(&self) {
+        self.refill(true);
+    }
+
+    /// Refills every cache but the namespaces' (a namespace watch that lags
+    /// behind the API server).
+    pub fn sync_but_namespaces(&self) {
+        self.refill(false);
+    }
+
+    fn refill(&self, namespaces: bool) {
         let map_name = self.ctx.config.map_name.clone();
         let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         let resources = self.api.list::<Gcs>().into_iter().map(|mut g| {
@@ -156,7 +166,9 @@ impl Harness {
             g
         });
         relist(&mut w.resources, resources);
-        relist(&mut w.namespaces, self.api.list::<NamespaceMeta>());
+        if namespaces {
+            relist(&mut w.namespaces, self.api.list::<NamespaceMeta>());
+        }
         let maps = self.api.list::<ConfigMap>().into_iter();
         relist(
             &mut w.configmaps,

@@ -41,6 +41,38 @@ async fn reconcile_reports_project_changed_when_the_namespace_moves_to_another_p
 }
 
 #[tokio::test]
+async fn reconcile_keeps_the_annotated_project_while_the_namespace_cache_lags() {
+    let h = Harness::new().await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    h.sync();
+    // Annotated after the cache listed it: the cache still has no project.
+    h.api.modify::<Namespace>("", NS, |ns| {
+        ns["metadata"]["annotations"] = json!({PROJECT_ANNOTATION: "team-project"});
+    });
+    for _ in 0..4 {
+        h.sync_but_namespaces();
+        h.reconcile_cached("photos")
+            .await
+            .expect("the reconcile succeeds");
+    }
+    let g = h.get("photos").expect("the resource exists");
+    let ready = ready(&g).expect("a Ready condition");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", reason::BUCKET_READY),
+        "{}",
+        ready.message
+    );
+    let status = g.status.expect("a status");
+    assert_eq!(status.project_id.as_deref(), Some("team-project"));
+    let physical = status.bucket_full_name.expect("a bucket");
+    assert_eq!(
+        h.gcs.bucket_project(&physical).as_deref(),
+        Some("team-project")
+    );
+}
+
+#[tokio::test]
 async fn reconcile_of_a_project_the_policy_does_not_allow_reports_not_allowed_by_policy() {
     let h = Harness::new().await;
     h.create(
