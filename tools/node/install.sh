@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Provide the rest of the single-node cluster that the node tests and
 # `cargo dev --node` run (testkit/src/node/), beside tools/envtest's
-# kube-apiserver and etcd, within Kubernetes' version skew policy:
-# - kube-controller-manager and kube-scheduler at the API server's version,
-#   built from tools/envtest's module (they share most of its packages);
-# - the kubelet and kube-proxy from the module next to this script, an
-#   older release the policy admits (up to three minors behind the API
-#   server, as a node pool lags its control plane): the newest whose
-#   kubelet starts on a cgroup v1 host without being told to (1.35's
-#   refuses by default), which the machines CI runs on are;
-# - the pause image's binary, built from the kubelet's module's source.
+# kube-apiserver and etcd: the kubelet, kube-proxy, kube-controller-manager
+# and kube-scheduler, built from tools/envtest's module at the API server's
+# release (one release for the whole node, as a kind node image has; they
+# share most of the API server's packages, so Go's build cache compiles
+# them once), and the pause image's binary, from the same module's source.
+# The kubelet is told to start on a cgroup v1 host (`failCgroupV1: false`,
+# testkit/src/node/config.rs), which the machines CI runs on are.
 #
 # The container runtime comes from Debian's packages: containerd (with its
 # CRI plugin), runc and the CNI plugins (bridge, host-local, loopback,
@@ -58,23 +56,19 @@ if [[ -n "${BUCKETMAP_NODE_BINARIES:-}" ]]; then
   exit 0
 fi
 
-k8s_version="$(pinned_version k8s.io/kubernetes)"
 control_dir="$tools_dir/../envtest"
-control_version="$(pinned_version_in "$control_dir" k8s.io/kubernetes)"
-dest="$(cache_root)/node/kubelet-$k8s_version-control-$control_version"
+k8s_version="$(pinned_version_in "$control_dir" k8s.io/kubernetes)"
+dest="$(cache_root)/node/k8s-$k8s_version"
 
 build() {
   local src
-  log "building kube-controller-manager and kube-scheduler $control_version, the kubelet and kube-proxy $k8s_version into $dest"
-  log "(first run only; this takes several minutes and needs the Go module proxy or a warm module cache)"
-  (cd "$control_dir" && go build -trimpath -ldflags="$(kubernetes_ldflags "$control_version")" \
-    -o "$1/" k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler) \
+  log "building the kubelet, kube-proxy, kube-controller-manager and kube-scheduler $k8s_version into $dest"
+  log "(first run only; this takes minutes and needs the Go module proxy or a warm module cache)"
+  (cd "$control_dir" && go build -trimpath -ldflags="$(kubernetes_ldflags "$k8s_version")" \
+    -o "$1/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler) \
     || return 1
-  (cd "$tools_dir" && go build -trimpath -ldflags="$(kubernetes_ldflags "$k8s_version")" \
-    -o "$1/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) || return 1
-  # The pause container's program, from the same module's source (the
-  # sandbox image holds nothing else).
-  src="$(cd "$tools_dir" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
+  src="$(cd "$control_dir" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
   command -v cc >/dev/null || die "a C compiler (cc) is required to build the pause binary"
   cc -Os -static -DVERSION="$k8s_version" -o "$1/pause" "$src" || return 1
   strip "$1/pause"

@@ -47,8 +47,8 @@ pub struct ImageArchive {
     pub path: PathBuf,
 }
 
-/// The sandbox image's name (the kubelet's and containerd's default for
-/// Kubernetes 1.34).
+/// The sandbox image's name, written into containerd's configuration (the
+/// node's containerd pulls nothing: the tests import every image).
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 
 /// The example app's name: a pod says `bucketmap/photo-app:dev`.

@@ -24,8 +24,8 @@ pub const SERVICE_RANGE: &str = "10.96.0.0/16";
 pub const API_SERVICE_IP: &str = "10.96.0.1";
 /// The cluster's DNS domain (no DNS server runs: pods use Service IPs).
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
-/// The sandbox image containerd starts for every pod.
-pub const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10";
+/// The sandbox image containerd starts for every pod (the tests import it).
+pub const SANDBOX_IMAGE: &str = crate::images::PAUSE_IMAGE;
 /// The CNI network's name (its results are kept under this prefix).
 pub const CNI_NETWORK: &str = "bucketmap-node";
 /// containerd's namespace for the CRI plugin's images and containers.

@@ -13,10 +13,9 @@
 //! The binaries: kube-apiserver and etcd as in [`crate::testenv`], the
 //! others from `tools/node/install.sh` (built once from the pinned Go
 //! modules and cached; it also installs containerd, runc and the CNI
-//! plugins from Debian's packages when missing): the controller manager
-//! and the scheduler at the API server's release, the kubelet and
-//! kube-proxy at an older one, as a node pool lags its control plane
-//! within the version skew policy. It needs root.
+//! plugins from Debian's packages when missing): the kubelet, kube-proxy,
+//! the controller manager and the scheduler, all at the API server's
+//! release, as a kind node image has them. It needs root.
 //!
 //! One node runs on a machine at a time (containerd and the kubelet write
 //! to fixed paths too): [`Node::start`] takes a lock, sweeps whatever a
