@@ -68,6 +68,8 @@ build() {
     -o "$1/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler) \
     || return 1
+  # The pause container's program, from the same module's source (the
+  # sandbox image holds nothing else).
   src="$(cd "$control_dir" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
   command -v cc >/dev/null || die "a C compiler (cc) is required to build the pause binary"
   cc -Os -static -DVERSION="$k8s_version" -o "$1/pause" "$src" || return 1
