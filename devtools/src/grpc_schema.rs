@@ -1,7 +1,7 @@
 //! `cargo dev grpc-schema`: writes the sidecar's gRPC bucket-name table
 //! (`sidecar-core/src/grpc/schema.rs`) derived from the vendored protos
 //! (`bucketmap_testkit::grpc_schema`). A command of its own, never a mode
-//! of the test that checks the table (`sidecar/tests/grpc_schema.rs`): that
+//! of the test that checks the table (`sidecar/tests/integration/grpc_schema.rs`): that
 //! test only ever compares, and names this command when the table is stale.
 
 use anyhow::Context as _;

@@ -1,7 +1,7 @@
 //! The sidecar's gRPC bucket-name table (`sidecar-core/src/grpc/schema.rs`),
 //! derived from the vendored protobuf definitions (`sidecar/proto/`).
 //! `cargo dev grpc-schema` writes it (after `tools/grpc/fetch.sh`);
-//! `sidecar/tests/grpc_schema.rs` fails while the checked-in copy is stale.
+//! `sidecar/tests/integration/grpc_schema.rs` fails while the checked-in copy is stale.
 //!
 //! Which fields hold bucket names is read from Google's annotations, not
 //! from examples:

@@ -1,4 +1,4 @@
-// Pinned build of the helm CLI used by tests/chart.rs to render
+// Pinned build of the helm CLI used by tests/integration/chart/ to render
 // deploy/chart/bucketmap.
 module bucketmap.dev/tools/helm
 

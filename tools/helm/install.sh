@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Provide the helm CLI that tests/chart.rs uses to render deploy/chart/bucketmap.
+# Provide the helm CLI that tests/integration/chart/ uses to render deploy/chart/bucketmap.
 #
 # Prints, as the last line of stdout, the path of the `helm` binary:
 #   1. $HELM_BIN, when set and executable;

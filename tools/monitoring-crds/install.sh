@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Provide the CRDs of the monitoring objects the chart can render, so that
-# tests/chart/ can apply those objects to a real API server (server-side dry
+# tests/integration/chart/ can apply those objects to a real API server (server-side dry
 # run): ServiceMonitor, PodMonitor and PrometheusRule (monitoring.coreos.com/v1),
 # PodMonitoring, ClusterPodMonitoring and ClusterRules (monitoring.googleapis.com/v1).
 #

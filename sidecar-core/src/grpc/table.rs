@@ -3,7 +3,7 @@
 //! messages hold bucket names, and which RPCs exist.
 //!
 //! The table is derived from the vendored protobuf definitions
-//! (`sidecar/proto/`) by `sidecar/tests/grpc_schema.rs`, which also fails
+//! (`sidecar/proto/`) by `sidecar/tests/integration/grpc_schema.rs`, which also fails
 //! when the checked-in table no longer matches them.
 
 /// What a field holds, as far as bucket names go.

@@ -7,7 +7,7 @@
 //! exchange without the missing bytes or the terminating chunk, so the next
 //! hop (the app's client, or GCS) sees an error, never a shorter object.
 //!
-//! Map reloads during transfers are proved by `tests/reload.rs`
+//! Map reloads during transfers are proved by `tests/integration/reload.rs`
 //! (`map_reload_with_requests_in_flight`: uploads, reads and a slow upload
 //! and download straddling two updates, none failing) and
 //! `lifecycle.rs` (`a_map_reload_does_not_disturb_requests_in_flight`).

@@ -4,7 +4,7 @@ boundary using Python's standard `email` package (RFC 2046), and writes one
 JSON line per input: {"parts": [{"headers": [[NAME, VALUE], ...],
 "content": TEXT}, ...]} or {"parts": null} when email finds no parts.
 
-Used by sidecar/tests/multipart_differential.rs: the sidecar must split a
+Used by sidecar/tests/integration/multipart_differential.rs: the sidecar must split a
 multipart body into exactly the parts another RFC 2046 parser sees."""
 
 import email

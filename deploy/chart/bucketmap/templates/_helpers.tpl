@@ -1,6 +1,6 @@
 {{/*
 Labels of every object. app.kubernetes.io/name matches the kustomize base;
-the rest are the standard Helm labels (tests/chart.rs ignores them).
+the rest are the standard Helm labels (tests/integration/chart/ ignores them).
 */}}
 {{- define "bucketmap.labels" -}}
 app.kubernetes.io/name: bucketmap

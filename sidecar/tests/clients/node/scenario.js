@@ -11,7 +11,7 @@
 // `env_only_client` step checks that the STORAGE_EMULATOR_HOST route still
 // works for JSON API calls.
 //
-// SPEC.json is written by the Rust integration test (sidecar/tests/common).
+// SPEC.json is written by the Rust integration test (sidecar/tests/integration/common).
 // This program only observes: it records what the library returned (raw JSON
 // resources, digests of downloaded bytes, errors) and prints one JSON report
 // on stdout. The Rust test decides what is right.

@@ -2,7 +2,7 @@
 
 Usage: STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT python scenario.py SPEC.json
 
-SPEC.json is written by the Rust integration test (sidecar/tests/common): the
+SPEC.json is written by the Rust integration test (sidecar/tests/integration/common): the
 logical bucket names, the files to upload and every object name. This program
 only observes: it runs each step, records what the library returned (raw JSON
 resources, digests of downloaded bytes, error codes), and prints one JSON
