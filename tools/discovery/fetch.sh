@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-fetch the GCS JSON API discovery document (storage v1) the sidecar's
-# router is built from, from the discovery cache shipped in PyPI's
+# router is built from, from the discovery cache shipped in the Python package index's
 # google-api-python-client, at the version pinned below.
 #
 # Usage: bash tools/discovery/fetch.sh [VERSION]
@@ -30,5 +30,5 @@ with zipfile.ZipFile(wheel) as z, open(out, "wb") as f:
     f.write(z.read(member))
 PY
 revision="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["revision"])' "$dest/storage.v1.json")"
-sed -i -E "s/^(- package: ).*/\1\`$package==$version\` (PyPI)/; s/^(- revision: ).*/\1\`$revision\`/" "$dest/README.md"
+sed -i -E "s/^(- package: ).*/\1\`$package==$version\` (the Python package index)/; s/^(- revision: ).*/\1\`$revision\`/" "$dest/README.md"
 echo "sidecar-core/discovery/storage.v1.json: $package==$version, revision $revision" >&2

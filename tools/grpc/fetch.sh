@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-fetch the protobuf definitions the sidecar's gRPC rewriting is derived
 # from: google.storage.v2 and google.storage.control.v2 and everything they
-# import, from the proto jars Google publishes on Maven Central, at the
+# import, from the proto jars Google publishes in the Maven repository, at the
 # versions pinned below.
 #
 # Usage: bash tools/grpc/fetch.sh
@@ -60,7 +60,7 @@ PY
   echo "The sidecar's gRPC bucket-name table (\`sidecar-core/src/grpc/schema.rs\`) is derived"
   echo "from these files: \`google.api.resource_reference\`, \`google.api.resource\` and"
   echo "\`google.api.routing\` annotations say which fields hold bucket names. Fetched by"
-  echo "\`tools/grpc/fetch.sh\` from Maven Central; do not edit by hand."
+  echo "\`tools/grpc/fetch.sh\` from the Maven repository; do not edit by hand."
   echo
   for coordinate in "${jars[@]}"; do echo "- \`$coordinate\`"; done
 } >"$dest/README.md"

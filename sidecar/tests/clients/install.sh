@@ -16,8 +16,9 @@
 #   ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/sidecar-clients/<lang>-<key>
 # where <key> hashes the pin files, the program's sources (Go) and the
 # toolchain version, so a changed pin or toolchain gets a fresh install and an
-# unchanged one is reused at no cost. Only the registries are needed (PyPI,
-# the Go module proxy, npm, Maven Central, crates.io) on first use.
+# unchanged one is reused at no cost. Only the package registries are
+# needed (the Python package index, the Go module proxy, the npm registry,
+# the Maven repository, the crate registry) on first use.
 #
 # Prints one `lang=PATH` line per language on stdout:
 #   python=<venv>/bin/python   go=<dir>/scenario   node=<dir>/node_modules
