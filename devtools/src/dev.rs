@@ -21,7 +21,7 @@ use bucketmap::crd::Gcs;
 use bucketmap::gcs::{GcsClient, GcsConfig};
 use bucketmap::metrics::Metrics;
 use bucketmap_testkit::mock_gcs::MockGcs;
-use bucketmap_testkit::testenv::{self, TestEnv};
+use bucketmap_testkit::testenv::{self, GoGc, TestEnv};
 
 /// Options of `cargo dev` (`bucketmap-dev up`).
 #[derive(Debug, Clone, clap::Args)]
@@ -181,7 +181,8 @@ async fn start_cluster(args: &DevArgs) -> anyhow::Result<Cluster> {
         }
     } else {
         eprintln!("starting a local control plane (kube-apiserver + etcd)...");
-        let env = TestEnv::start()
+        // A developer's cluster for as long as they like: Go's collector.
+        let env = TestEnv::start_with(GoGc::GoDefault)
             .await
             .context("cannot start the local control plane")?;
         if let Some(path) = &args.kubeconfig_out {

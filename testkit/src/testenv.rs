@@ -25,7 +25,9 @@
 //!   serving certificate (no `insecure-skip-tls-verify`).
 //!
 //! There is no controller-manager or scheduler: nothing creates default
-//! service accounts, runs Deployments or schedules Pods.
+//! service accounts, runs Deployments or schedules Pods. The API server's
+//! Go runtime collects garbage only near 1 GiB unless asked otherwise
+//! ([`GoGc`]): tests pay for start-up, not for a collector they never need.
 //!
 //! Many environments can run side by side (each test process starts its own);
 //! a cold start takes a few seconds.
@@ -89,6 +91,31 @@ const ETCD_READY_MESSAGE: &str = "ready to serve client requests";
 const APISERVER_BIN: &str = "kube-apiserver";
 const ETCD_BIN: &str = "etcd";
 
+/// How the API server's Go runtime collects garbage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GoGc {
+    /// Only when the heap nears 1 GiB (`GOGC=off`, `GOMEMLIMIT=1GiB`): a
+    /// test's API server lives seconds and never holds that much, so the
+    /// collector's work at start-up and on every write is saved. The tests
+    /// start one control plane each, and start-up is most of their CPU.
+    #[default]
+    Lean,
+    /// Go's defaults, as a cluster runs the API server: for what measures
+    /// the API server's CPU or holds many objects (the benchmarks, `cargo
+    /// dev`).
+    GoDefault,
+}
+
+impl GoGc {
+    /// The environment the API server starts with.
+    fn env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            GoGc::Lean => &[("GOGC", "off"), ("GOMEMLIMIT", "1GiB")],
+            GoGc::GoDefault => &[],
+        }
+    }
+}
+
 /// A running etcd + kube-apiserver pair, torn down on drop.
 ///
 /// Dropping it kills both processes (the API server first) and removes the
@@ -101,6 +128,7 @@ pub struct TestEnv {
     etcd: Process,
     /// How the API server was started, for [`TestEnv::restart_apiserver`].
     apiserver_command: (PathBuf, Vec<String>),
+    gc: GoGc,
     server_url: String,
     kubeconfig_path: PathBuf,
     config: kube::Config,
@@ -123,8 +151,14 @@ impl TestEnv {
     /// Finds the binaries with [`assets_dir`] (which may build them on the
     /// first run), picks free loopback ports, and retries once with new ports
     /// if another process grabbed one in between. Fails after 120 s with the
-    /// tail of the API server log.
+    /// tail of the API server log. The API server collects garbage the
+    /// test way, [`GoGc::Lean`].
     pub async fn start() -> Result<TestEnv> {
+        TestEnv::start_with(GoGc::Lean).await
+    }
+
+    /// [`TestEnv::start`], the API server's garbage collection set by `gc`.
+    pub async fn start_with(gc: GoGc) -> Result<TestEnv> {
         let started = Instant::now();
         crate::install_crypto_provider();
         let assets = tokio::task::spawn_blocking(assets_dir)
@@ -142,7 +176,7 @@ impl TestEnv {
         let running = loop {
             attempt += 1;
             let ports = free_ports()?;
-            match launch(&assets, dir.path(), &files, &pki, ports, READY_TIMEOUT).await {
+            match launch(&assets, dir.path(), &files, &pki, ports, READY_TIMEOUT, gc).await {
                 Ok(running) => break running,
                 Err(failure) if failure.port_clash && attempt < 2 => {
                     tracing::warn!(error = %failure.error, "port clash while starting the test environment; retrying with new ports");
@@ -159,6 +193,7 @@ impl TestEnv {
             apiserver: running.apiserver,
             etcd: running.etcd,
             apiserver_command: running.apiserver_command,
+            gc,
             server_url: running.server_url,
             kubeconfig_path: running.kubeconfig_path,
             config: running.config,
@@ -209,7 +244,8 @@ impl TestEnv {
         self.apiserver.kill_and_reap().await;
         let (program, args) = &self.apiserver_command;
         let log = self.dir.path().join("kube-apiserver.log");
-        self.apiserver = Process::spawn("kube-apiserver", program, args, &log)?;
+        self.apiserver =
+            Process::spawn_with_env("kube-apiserver", program, args, self.gc.env(), &log)?;
         let mut probe_config = self.config.clone();
         probe_config.connect_timeout = Some(PROBE_TIMEOUT);
         probe_config.read_timeout = Some(PROBE_TIMEOUT);
@@ -642,6 +678,17 @@ impl Process {
         args: &[String],
         log: &Path,
     ) -> Result<Self> {
+        Process::spawn_with_env(name, program, args, &[], log)
+    }
+
+    /// [`Process::spawn`], with `env` added to the inherited environment.
+    pub(crate) fn spawn_with_env(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<Self> {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -653,6 +700,7 @@ impl Process {
         let mut command = Command::new(program);
         command
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_file_err)
@@ -838,6 +886,7 @@ async fn launch(
     pki: &Pki,
     [etcd_port, apiserver_port]: [u16; 2],
     timeout: Duration,
+    gc: GoGc,
 ) -> std::result::Result<Running, LaunchFailure> {
     let deadline = Deadline::after(timeout);
     let fail = |error: anyhow::Error| LaunchFailure {
@@ -869,10 +918,11 @@ async fn launch(
     let server_url = format!("https://127.0.0.1:{apiserver_port}");
     let apiserver_args = apiserver_args(apiserver_port, &cert_dir, &etcd_url, pki_files);
     let apiserver_program = assets.join(APISERVER_BIN);
-    let mut apiserver = Process::spawn(
+    let mut apiserver = Process::spawn_with_env(
         "kube-apiserver",
         &apiserver_program,
         &apiserver_args,
+        gc.env(),
         &dir.join("kube-apiserver.log"),
     )
     .map_err(fail)?;
@@ -1361,7 +1411,16 @@ mod tests {
         let pki = Pki::generate().unwrap();
         let files = pki.write(dir.path()).unwrap();
         let ports = free_ports().unwrap();
-        launch(assets.path(), dir.path(), &files, &pki, ports, timeout).await
+        launch(
+            assets.path(),
+            dir.path(),
+            &files,
+            &pki,
+            ports,
+            timeout,
+            GoGc::Lean,
+        )
+        .await
     }
 
     const FAKE_ETCD: &str = "echo '{\"msg\":\"ready to serve client requests\"}'; exec sleep 600";
@@ -1587,5 +1646,48 @@ mod tests {
             );
         }
         assert!(!dir.exists(), "{} not removed", dir.display());
+    }
+
+    /// The `NAME=value` pairs of a running process's environment.
+    fn environment(pid: u32) -> Vec<String> {
+        let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        raw.split(|b| *b == 0)
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| String::from_utf8_lossy(pair).into_owned())
+            .collect()
+    }
+
+    fn collector_settings(pid: u32) -> Vec<String> {
+        let mut settings: Vec<String> = environment(pid)
+            .into_iter()
+            .filter(|pair| pair.starts_with("GOGC=") || pair.starts_with("GOMEMLIMIT="))
+            .collect();
+        settings.sort();
+        settings
+    }
+
+    #[tokio::test]
+    async fn the_api_server_collects_garbage_as_asked_also_after_a_restart() {
+        let lean = ["GOGC=off", "GOMEMLIMIT=1GiB"];
+        let mut env = TestEnv::start().await.unwrap();
+        let (_, Some(first)) = env.pids() else {
+            panic!("kube-apiserver already gone");
+        };
+        assert_eq!(collector_settings(first), lean);
+        env.restart_apiserver().await.unwrap();
+        let (_, Some(second)) = env.pids() else {
+            panic!("kube-apiserver gone after its restart");
+        };
+        assert_ne!(first, second, "the restart kept the old process");
+        assert_eq!(collector_settings(second), lean);
+        drop(env);
+
+        // Go's defaults: whatever the caller's environment holds, nothing added.
+        let env = TestEnv::start_with(GoGc::GoDefault).await.unwrap();
+        let (_, Some(apiserver)) = env.pids() else {
+            panic!("kube-apiserver already gone");
+        };
+        let ours = collector_settings(std::process::id());
+        assert_eq!(collector_settings(apiserver), ours);
     }
 }

@@ -30,7 +30,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use bucketmap::crd::Gcs;
 use bucketmap_testkit::mock_gcs::{MockGcs, MockHandle};
-use bucketmap_testkit::testenv::{self, TestEnv};
+use bucketmap_testkit::testenv::{self, GoGc, TestEnv};
 
 /// N resources spread evenly over K namespaces, written `NxK`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,9 +197,11 @@ async fn measure_floor(args: &BenchArgs, shape: Shape) -> anyhow::Result<ApiOnly
     measure_api_only(args, shape, &client, Writes::CreateAndReadyStatus).await
 }
 
-/// A fresh local control plane with the `Gcs` CRD installed.
+/// A fresh local control plane with the `Gcs` CRD installed; its API
+/// server collects garbage as a cluster's does, since the bench measures
+/// its CPU.
 async fn control_plane() -> anyhow::Result<(TestEnv, kube::Client)> {
-    let env = TestEnv::start().await?;
+    let env = TestEnv::start_with(GoGc::GoDefault).await?;
     let client = env.client().await?;
     bucketmap_testkit::testenv::install_crd(&client, &Gcs::crd()).await?;
     Ok((env, client))
