@@ -29,7 +29,7 @@
 //! Go runtime collects garbage only near 1 GiB unless asked otherwise
 //! ([`GoGc`]): tests pay for start-up, not for a collector they never need.
 //!
-//! Many environments can run side by side (each test process starts its own);
+//! Many environments can run side by side (each test starts its own);
 //! a cold start takes a few seconds.
 //!
 //! ```no_run
@@ -92,13 +92,13 @@ const APISERVER_BIN: &str = "kube-apiserver";
 const ETCD_BIN: &str = "etcd";
 
 /// How the API server's Go runtime collects garbage.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GoGc {
     /// Only when the heap nears 1 GiB (`GOGC=off`, `GOMEMLIMIT=1GiB`): a
     /// test's API server lives seconds and never holds that much, so the
     /// collector's work at start-up and on every write is saved. The tests
     /// start one control plane each, and start-up is most of their CPU.
-    #[default]
+    /// What [`TestEnv::start`] uses.
     Lean,
     /// Go's defaults, as a cluster runs the API server: for what measures
     /// the API server's CPU or holds many objects (the benchmarks, `cargo
