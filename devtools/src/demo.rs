@@ -9,11 +9,14 @@
 //! written to files the way the kubelet mounts the ConfigMap.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bucketmap_sidecar::config::Config;
+use clap::Parser as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use tokio::process::{Child, Command};
@@ -38,6 +41,27 @@ async fn install(script: &str, args: &[&str]) -> anyhow::Result<String> {
         .with_context(|| format!("{script} printed nothing"))
 }
 
+/// The programs the demo runs beside the sidecar, each installed (built
+/// on first use, then cached) by its script.
+pub struct Tools {
+    /// fake-gcs-server, the data plane.
+    fake_gcs: String,
+    /// The Python interpreter with Google's client, for the example app.
+    python: String,
+}
+
+/// Installs the demo's programs. `cargo dev` runs this while the control
+/// plane starts: on a first run both are built, and later they are found
+/// in the cache.
+pub async fn install_tools() -> anyhow::Result<Tools> {
+    let (fake_gcs, python) = tokio::try_join!(
+        install("tools/fake-gcs-server/install.sh", &[]),
+        install("sidecar/tests/clients/install.sh", &["python"]),
+    )?;
+    let python = python.strip_prefix("python=").unwrap_or(&python).to_owned();
+    Ok(Tools { fake_gcs, python })
+}
+
 async fn wait_http(addr: &str, path: &str, what: &str) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -55,18 +79,34 @@ async fn wait_http(addr: &str, path: &str, what: &str) -> anyhow::Result<()> {
 /// The running data plane of the demo.
 pub struct Demo {
     _fake_gcs: Child,
-    _sidecar: Child,
+    /// `None` once stopped.
+    sidecar: Option<Sidecar>,
     sync: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
     /// Where applications point `STORAGE_EMULATOR_HOST`.
     pub sidecar_url: String,
+    /// The example app's Python.
+    python: String,
     /// fake-gcs-server's address (host:port).
     pub data_plane: String,
+}
+
+impl Demo {
+    /// Stops the sidecar before its map's directory goes, then the rest.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.sync.abort();
+        match self.sidecar.take() {
+            Some(sidecar) => sidecar.stop().await,
+            None => Ok(()),
+        }
+    }
 }
 
 impl Drop for Demo {
     fn drop(&mut self) {
         self.sync.abort();
+        // Dropped without `stop` (an error on the way): the sidecar task
+        // stops when its sender goes, draining on its own.
     }
 }
 
@@ -116,8 +156,9 @@ pub async fn start(
     namespace: &str,
     map_name: &str,
     grpc_upstream: Option<&str>,
+    tools: Tools,
 ) -> anyhow::Result<Demo> {
-    let (fake_gcs, data_plane) = start_fake_gcs().await?;
+    let (fake_gcs, data_plane) = start_fake_gcs(&tools.fake_gcs).await?;
     let dir = tempfile::Builder::new()
         .prefix("bucketmap-dev-map-")
         .tempdir()?;
@@ -138,21 +179,21 @@ pub async fn start(
     let (sidecar, sidecar_addr) = start_sidecar(&data_plane, grpc_upstream, dir.path()).await?;
     Ok(Demo {
         _fake_gcs: fake_gcs,
-        _sidecar: sidecar,
+        sidecar: Some(sidecar),
         sync,
         _dir: dir,
         sidecar_url: format!("http://{sidecar_addr}"),
+        python: tools.python,
         data_plane,
     })
 }
 
 /// fake-gcs-server (in memory, plain HTTP) on a free loopback port, once it
 /// answers its health check: (process, host:port).
-async fn start_fake_gcs() -> anyhow::Result<(Child, String)> {
-    let fake_bin = install("tools/fake-gcs-server/install.sh", &[]).await?;
+async fn start_fake_gcs(fake_bin: &str) -> anyhow::Result<(Child, String)> {
     let port = free_port()?;
     let data_plane = format!("127.0.0.1:{port}");
-    let fake_gcs = Command::new(&fake_bin)
+    let fake_gcs = Command::new(fake_bin)
         .args([
             "-scheme",
             "http",
@@ -168,44 +209,58 @@ async fn start_fake_gcs() -> anyhow::Result<(Child, String)> {
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .context("cannot start fake-gcs-server")?;
+        .with_context(|| format!("cannot start fake-gcs-server ({fake_bin})"))?;
     wait_http(&data_plane, "/_internal/healthcheck", "fake-gcs-server").await?;
     Ok((fake_gcs, data_plane))
 }
 
 /// `bucketmap-sidecar` in front of `data_plane` with the map in `map_dir`,
-/// once it is ready: (process, host:port).
+/// once it is ready: (the running sidecar, host:port). It runs inside this
+/// process, from the flags a pod's sidecar gets (as the binary parses
+/// them), until the demo ends.
 async fn start_sidecar(
     data_plane: &str,
     grpc_upstream: Option<&str>,
     map_dir: &Path,
-) -> anyhow::Result<(Child, String)> {
-    let sidecar_bin = crate::binaries::sibling("bucketmap-sidecar", "bucketmap-sidecar").await?;
+) -> anyhow::Result<(Sidecar, String)> {
     let sidecar_addr = format!("127.0.0.1:{}", free_port()?);
-    let upstream = format!("http://{data_plane}");
-    let sidecar = Command::new(&sidecar_bin)
-        .args([
-            "--listen",
-            &sidecar_addr,
-            "--upstream",
-            &upstream,
-            "--no-auth",
-        ])
-        .args(
-            grpc_upstream
-                .map(|url| ["--grpc-upstream", url])
-                .into_iter()
-                .flatten(),
-        )
-        .arg("--mapping-dir")
-        .arg(map_dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
-    wait_http(&sidecar_addr, "/_bucketmap/readyz", "bucketmap-sidecar").await?;
-    Ok((sidecar, sidecar_addr))
+    let mut args: Vec<OsString> = ["bucketmap-sidecar", "--listen", &sidecar_addr]
+        .into_iter()
+        .chain(["--upstream", &format!("http://{data_plane}"), "--no-auth"])
+        .map(OsString::from)
+        .collect();
+    if let Some(url) = grpc_upstream {
+        args.extend(["--grpc-upstream", url].map(OsString::from));
+    }
+    args.extend([OsString::from("--mapping-dir"), map_dir.into()]);
+    let config = Config::try_parse_from(args).context("the demo's sidecar flags")?;
+    config.validate().map_err(anyhow::Error::msg)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut task = tokio::spawn(bucketmap_sidecar::server::run_until(config, async {
+        let _ = stopped.await;
+    }));
+    tokio::select! {
+        ready = wait_http(&sidecar_addr, "/_bucketmap/readyz", "bucketmap-sidecar") => ready?,
+        ended = &mut task => {
+            ended.context("the sidecar's task")??;
+            anyhow::bail!("the sidecar stopped before it was ready");
+        }
+    }
+    Ok((Sidecar { stop, task }, sidecar_addr))
+}
+
+/// The demo's sidecar, running on this process's runtime.
+struct Sidecar {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Sidecar {
+    /// Stops it as SIGTERM stops the binary, and waits while it drains.
+    async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        self.task.await.context("the sidecar's task")?
+    }
 }
 
 impl Demo {
@@ -268,9 +323,7 @@ impl Demo {
     /// physical bucket in the data plane. Returns the app's output.
     pub async fn run_example_app(&self, logical: &str, physical: &str) -> anyhow::Result<String> {
         self.wait_mapped(logical).await?;
-        let python = install("sidecar/tests/clients/install.sh", &["python"]).await?;
-        let python = python.strip_prefix("python=").unwrap_or(&python).to_owned();
-        let out = Command::new(python)
+        let out = Command::new(&self.python)
             .arg(bucketmap_testkit::repo_path("examples/app/photo_app.py"))
             .arg(logical)
             .env("STORAGE_EMULATOR_HOST", &self.sidecar_url)

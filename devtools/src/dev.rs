@@ -359,20 +359,15 @@ fn print_summary(cluster: &Cluster, gcs: &str, ready: &[Gcs]) {
     println!("  try: {} get gcs -A", cluster.kubectl);
 }
 
-/// Builds the demo's sidecar when it is missing or older than this binary.
-async fn build_sidecar() -> anyhow::Result<std::path::PathBuf> {
-    crate::binaries::sibling("bucketmap-sidecar", "bucketmap-sidecar").await
-}
-
 /// The data plane: the sidecar with one namespace's map, and an example app
 /// writing through it (staging/photos when present).
 async fn start_demo(
     client: &kube::Client,
     ready: &[Gcs],
     grpc_upstream: Option<&str>,
-    sidecar_build: tokio::task::JoinHandle<anyhow::Result<std::path::PathBuf>>,
+    tools: tokio::task::JoinHandle<anyhow::Result<crate::demo::Tools>>,
 ) -> anyhow::Result<Option<crate::demo::Demo>> {
-    sidecar_build.await.context("the sidecar's build task")??;
+    let tools = tools.await.context("the demo's install task")??;
     let target = ready
         .iter()
         .find(|g| g.namespace().as_deref() == Some("staging") && g.spec.bucket_name == "photos")
@@ -387,7 +382,7 @@ async fn start_demo(
         .bucket_full_name
         .unwrap_or_default();
     eprintln!("starting bucketmap-sidecar for namespace {ns} in front of fake-gcs-server...");
-    let demo = crate::demo::start(client, &ns, "bucketmap", grpc_upstream).await?;
+    let demo = crate::demo::start(client, &ns, "bucketmap", grpc_upstream, tools).await?;
     let said = demo.run_example_app(&logical, &physical).await?;
     println!(
         "  sidecar:    {} (namespace {ns}; point STORAGE_EMULATOR_HOST here)",
@@ -431,9 +426,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .examples
         .clone()
         .unwrap_or_else(|| bucketmap_testkit::repo_path("examples"));
-    // The demo's sidecar builds (when it must) while the control plane
-    // starts and the examples converge, rather than after.
-    let sidecar_build = (!args.no_sidecar).then(|| tokio::spawn(build_sidecar()));
+    // The demo's programs install (on a first run: build) while the control
+    // plane starts and the examples converge, rather than after.
+    let demo_tools = (!args.no_sidecar).then(|| tokio::spawn(crate::demo::install_tools()));
     let cluster = start_cluster(&args).await?;
     if cluster.local.is_none() {
         refuse_foreign_resources(&cluster.client, &example_namespaces(&examples)?).await?;
@@ -456,18 +451,20 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let gcs_objects = gcs_objects(&applied);
     let ready = wait_all_ready(&cluster.client, &gcs_objects, Duration::from_secs(120)).await?;
     print_summary(&cluster, &gcs_shown, &ready);
-    let demo = match sidecar_build {
+    let demo = match demo_tools {
         None => None,
-        Some(build) => {
+        Some(tools) => {
             let grpc_upstream = mock.as_ref().map(MockGcs::endpoint);
-            start_demo(&cluster.client, &ready, grpc_upstream.as_deref(), build).await?
+            start_demo(&cluster.client, &ready, grpc_upstream.as_deref(), tools).await?
         }
     };
     if !args.exit_when_ready {
         println!("press ctrl-c to stop");
         bucketmap::termination_signal().await;
     }
-    drop(demo);
+    if let Some(demo) = demo {
+        demo.stop().await?;
+    }
     if cluster.local.is_none() {
         println!(
             "the examples stay in the cluster; their finalizers need the operator: \

@@ -4,7 +4,6 @@
 //! `examples/` and the sidecar demo.
 
 mod bench;
-mod binaries;
 mod chaos;
 mod crd;
 mod demo;

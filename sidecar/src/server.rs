@@ -268,6 +268,13 @@ async fn bind(config: &Config) -> anyhow::Result<(TcpListener, Option<TcpListene
 
 /// Runs the sidecar until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    run_until(config, termination()).await
+}
+
+/// Runs the sidecar until `stop` completes, then drains as on SIGTERM: the
+/// binary stops on a signal ([`run`]), `cargo dev`'s demo, which runs the
+/// sidecar inside its own process, when the demo ends.
+pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let store = Arc::new(MappingStore::new(
         config.mapping_dir.clone(),
@@ -297,7 +304,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "bucketmap-sidecar started"
     );
 
-    let (stop, stopped) = watch::channel(false);
+    let (stop_tx, stopped) = watch::channel(false);
     let watcher = tokio::spawn(crate::watch::run(
         store.clone(),
         metrics.clone(),
@@ -321,8 +328,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stopped,
     ));
 
-    termination().await;
-    let _ = stop.send(true);
+    stop.await;
+    let _ = stop_tx.send(true);
     main_server
         .await
         .context("the proxy listener task failed")??;
