@@ -46,6 +46,13 @@ kubernetes_ldflags() {
   printf '%s\n' "$ldflags"
 }
 
+# go_build ARGS...: `go build` as every Go tool here is built. Each binary
+# is stripped at link time (-s -w in its -ldflags), so the compiler is told
+# not to generate the debug information the linker would drop
+# (-dwarf=false): the same binary for less CPU, which a first run spends
+# mostly on building kube-apiserver (docs/BENCHMARKS.md).
+go_build() { go build -trimpath -gcflags=all=-dwarf=false "$@"; }
+
 # The cache every tool is built into.
 cache_root() {
   printf '%s\n' "${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}"

@@ -67,7 +67,7 @@ build() {
   ldflags="$(kubernetes_ldflags "$k8s_version")"
   log "building kube-apiserver $k8s_version and etcd $etcd_version into $assets"
   log "(first run only; this takes several minutes and needs the Go module proxy or a warm module cache)"
-  (cd "$tools_dir" && go build -trimpath -ldflags="$ldflags" -o "$1/" \
+  (cd "$tools_dir" && go_build -ldflags="$ldflags" -o "$1/" \
     k8s.io/kubernetes/cmd/kube-apiserver go.etcd.io/etcd/server/v3) || return 1
   # The etcd server's main package is go.etcd.io/etcd/server/v3; go names the
   # binary after the last non-version path element (`server`; `v3` in old Go).
@@ -86,7 +86,7 @@ build() {
 build_other() {
   log "building kube-apiserver $other_version into $other_assets, with etcd $etcd_version from $assets"
   log "(first run only; this takes several minutes and needs the Go module proxy or a warm module cache)"
-  (cd "$tools_dir/$other" && go build -trimpath -ldflags="$(kubernetes_ldflags "$other_version")" \
+  (cd "$tools_dir/$other" && go_build -ldflags="$(kubernetes_ldflags "$other_version")" \
     -o "$1/" k8s.io/kubernetes/cmd/kube-apiserver) || return 1
   cp -- "$assets/etcd" "$1/etcd" || return 1
   check_apiserver_version "$1" "$other_version"

@@ -25,7 +25,7 @@ dest="$(cache_root)/example-app/photo-app-$key"
 has_binary() { [[ -x "$1/photo-app" ]]; }
 build() {
   log "building $src into $dest"
-  (cd "$src" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags="-s -w" -o "$1/photo-app" .)
+  (cd "$src" && CGO_ENABLED=0 go_build -mod=readonly -ldflags="-s -w" -o "$1/photo-app" .)
 }
 
 build_once "$dest" has_binary build BUCKETMAP_EXAMPLE_APP

@@ -29,7 +29,7 @@ has_binary() { [[ -x "$1/fake-gcs-server" ]]; }
 build() {
   log "building $module $version into $dest"
   log "(first run only; about two minutes, needs the Go module proxy or a warm module cache)"
-  (cd "$tools_dir" && go build -trimpath -ldflags="-s -w" -o "$1/fake-gcs-server" "$module")
+  (cd "$tools_dir" && go_build -ldflags="-s -w" -o "$1/fake-gcs-server" "$module")
 }
 
 build_once "$dest" has_binary build FAKE_GCS_SERVER_BIN

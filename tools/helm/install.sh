@@ -39,7 +39,7 @@ build() {
   for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
     ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
   done
-  (cd "$tools_dir" && go build -trimpath -ldflags="$ldflags" -o "$1/helm" "$module/cmd/helm")
+  (cd "$tools_dir" && go_build -ldflags="$ldflags" -o "$1/helm" "$module/cmd/helm")
 }
 
 build_once "$dest" has_binary build HELM_BIN

@@ -64,7 +64,7 @@ build() {
   local src
   log "building the kubelet, kube-proxy, kube-controller-manager and kube-scheduler $k8s_version into $dest"
   log "(first run only; this takes minutes and needs the Go module proxy or a warm module cache)"
-  (cd "$control_dir" && go build -trimpath -ldflags="$(kubernetes_ldflags "$k8s_version")" \
+  (cd "$control_dir" && go_build -ldflags="$(kubernetes_ldflags "$k8s_version")" \
     -o "$1/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler) \
     || return 1

@@ -31,7 +31,7 @@ has_binary() { [[ -x "$1/rclone" ]]; }
 build() {
   log "building $module $version into $dest"
   log "(first run only; about a minute, needs the Go module proxy or a warm module cache)"
-  (cd "$tools_dir" && go build -trimpath -ldflags="-s -w" -o "$1/rclone" .)
+  (cd "$tools_dir" && go_build -ldflags="-s -w" -o "$1/rclone" .)
 }
 
 build_once "$dest" has_binary build RCLONE_BIN
