@@ -89,9 +89,9 @@ pub(crate) struct ThroughputFigures {
     pub(crate) rows: Vec<ThroughputRow>,
     /// Failed requests over all runs.
     pub(crate) errors: u64,
-    /// Per path, for the sidecars: `VmRSS` and `VmHWM` in KiB once the
-    /// last run (the most connections) is over.
-    pub(crate) rss_after_kib: Vec<Option<(u64, u64)>>,
+    /// Per path, for the sidecars: its memory once the last run (the most
+    /// connections) is over.
+    pub(crate) rss_after_kib: Vec<Option<Memory>>,
 }
 
 pub(crate) struct StreamFigures {

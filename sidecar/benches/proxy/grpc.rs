@@ -284,7 +284,7 @@ pub(crate) async fn grpc_phase(
         start_grpc_sidecar(client, upstream, mock, dir, physical).await?;
     let (mut relay, relay_addr) = start_h2_relay(mock, dir).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
+    let idle_rss_kib = memory_kib(sidecar.pid())?.rss_kib;
     let via = if physical { PHYSICAL } else { LOGICAL };
     let mut paths = GrpcPaths {
         grpc: [
@@ -317,7 +317,7 @@ pub(crate) async fn grpc_phase(
     let rates = grpc_transfers(settings, &mut paths.grpc, chunk).await?;
     sidecar.check_running()?;
     relay.check_running()?;
-    let (_, hwm_kib) = memory_kib(sidecar.pid())?;
+    let hwm_kib = memory_kib(sidecar.pid())?.hwm_kib;
     Ok(GrpcFigures {
         calls: settings.grpc_calls.div_ceil(GRPC_BLOCK) * GRPC_BLOCK,
         size,

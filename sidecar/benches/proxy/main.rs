@@ -600,7 +600,7 @@ async fn upstream_runs(
     for proc in &mut procs {
         proc.check_running()?;
     }
-    Ok(memory_kib(procs[sidecar].pid())?.1)
+    Ok(memory_kib(procs[sidecar].pid())?.hwm_kib)
 }
 
 fn new_report(settings: Settings) -> Report {

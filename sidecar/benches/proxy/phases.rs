@@ -251,7 +251,7 @@ pub(crate) async fn memory_phase(
     let (mut sidecar, addr) =
         start_sidecar_to(client, &target.upstream, &extra, dir, &tag, Launch::Plain).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (idle_rss_kib, _) = memory_kib(sidecar.pid())?;
+    let idle_rss_kib = memory_kib(sidecar.pid())?.rss_kib;
     let direct = target.direct;
     let via = Endpoint::plain("sidecar", addr, LOGICAL);
     let mut rows = Vec::new();
@@ -283,7 +283,7 @@ pub(crate) async fn memory_phase(
         )
         .await?;
         sidecar.check_running()?;
-        let (_, hwm) = memory_kib(sidecar.pid())?;
+        let hwm = memory_kib(sidecar.pid())?.hwm_kib;
         rows.push(MemoryRow {
             direction,
             direct: mib_per_s(total, direct_time),

@@ -206,7 +206,9 @@ pub(crate) async fn start_sidecar_bin_to(
                 .args(["--map", &format!("{LOGICAL}={PHYSICAL}")])
                 .args(extra)
                 .env("RUST_LOG", "info")
-                .env("NO_COLOR", "1");
+                .env("NO_COLOR", "1")
+                // The image's environment (Dockerfile): one malloc arena.
+                .env("MALLOC_ARENA_MAX", "1");
             cmd
         },
     )
@@ -569,8 +571,22 @@ impl CpuMeter {
     }
 }
 
-/// `VmRSS` and `VmHWM` of a process, in KiB.
-pub(crate) fn memory_kib(pid: u32) -> Result<(u64, u64)> {
+/// A process's memory as the kernel accounts it, in KiB.
+#[derive(Clone, Copy)]
+pub(crate) struct Memory {
+    /// Resident now (`VmRSS`): its own memory and the pages of its binary
+    /// and libraries that are mapped.
+    pub(crate) rss_kib: u64,
+    /// The peak of `rss_kib` since it started (`VmHWM`).
+    pub(crate) hwm_kib: u64,
+    /// The part of `rss_kib` that is the process's own (`RssAnon`: heap,
+    /// stacks, buffers); the rest is file pages, shared with every process
+    /// that maps the same files.
+    pub(crate) anon_kib: u64,
+}
+
+/// The memory of process `pid` (`/proc/PID/status`).
+pub(crate) fn memory_kib(pid: u32) -> Result<Memory> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let field = |name: &str| -> Result<u64> {
         status
@@ -579,5 +595,9 @@ pub(crate) fn memory_kib(pid: u32) -> Result<(u64, u64)> {
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
             .ok_or_else(|| anyhow!("no {name} in /proc/{pid}/status"))
     };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
+    Ok(Memory {
+        rss_kib: field("VmRSS:")?,
+        hwm_kib: field("VmHWM:")?,
+        anon_kib: field("RssAnon:")?,
+    })
 }

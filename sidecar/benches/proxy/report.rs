@@ -312,13 +312,15 @@ impl Report {
                 let _ = writeln!(out, "\n{}: {} requests failed.", t.upstream, t.errors);
             }
             for (label, rss) in t.labels.iter().zip(&t.rss_after_kib) {
-                if let Some((rss, hwm)) = rss {
+                if let Some(m) = rss {
                     let _ = writeln!(
                         out,
-                        "\n{}, {label}: RSS once the loops were over {}, peak {}.",
+                        "\n{}, {label}: RSS once the loops were over {} ({} its own, \
+                         the rest its binary's and libraries' mapped pages), peak {}.",
                         t.upstream,
-                        mib(*rss),
-                        mib(*hwm)
+                        mib(m.rss_kib),
+                        mib(m.anon_kib),
+                        mib(m.hwm_kib)
                     );
                 }
             }

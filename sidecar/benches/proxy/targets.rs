@@ -154,14 +154,14 @@ impl Report {
                         })),
                     );
                 }
-                if let Some(Some((rss, hwm))) = t.rss_after_kib.get(i) {
+                if let Some(Some(m)) = t.rss_after_kib.get(i) {
                     for (what, kib, limit) in [
                         (
                             "RSS once the loops are over",
-                            *rss,
+                            m.rss_kib,
                             TARGET_LOADED_IDLE_RSS_KIB,
                         ),
-                        ("peak RSS by then", *hwm, TARGET_LOADED_PEAK_RSS_KIB),
+                        ("peak RSS by then", m.hwm_kib, TARGET_LOADED_PEAK_RSS_KIB),
                     ] {
                         push(
                             format!("{what} ≤ {}", mib(limit)),
