@@ -224,11 +224,17 @@ async fn start_sidecar(
     map_dir: &Path,
 ) -> anyhow::Result<(Sidecar, String)> {
     let sidecar_addr = format!("127.0.0.1:{}", free_port()?);
-    let mut args: Vec<OsString> = ["bucketmap-sidecar", "--listen", &sidecar_addr]
-        .into_iter()
-        .chain(["--upstream", &format!("http://{data_plane}"), "--no-auth"])
-        .map(OsString::from)
-        .collect();
+    let upstream = format!("http://{data_plane}");
+    let mut args: Vec<OsString> = [
+        "bucketmap-sidecar",
+        "--listen",
+        &sidecar_addr,
+        "--upstream",
+        &upstream,
+        "--no-auth",
+    ]
+    .map(OsString::from)
+    .into();
     if let Some(url) = grpc_upstream {
         args.extend(["--grpc-upstream", url].map(OsString::from));
     }

@@ -91,7 +91,7 @@ pub(crate) struct ThroughputFigures {
     pub(crate) errors: u64,
     /// Per path, for the sidecars: its memory once the last run (the most
     /// connections) is over.
-    pub(crate) rss_after_kib: Vec<Option<Memory>>,
+    pub(crate) memory_after: Vec<Option<Memory>>,
 }
 
 pub(crate) struct StreamFigures {

@@ -168,13 +168,13 @@ pub(crate) async fn throughput_phase(
         labels: paths.labels(),
         rows: Vec::new(),
         errors: 0,
-        rss_after_kib: Vec::new(),
+        memory_after: Vec::new(),
     };
     for connections in CONNECTIONS {
         let row = throughput_row(settings, client, paths, connections, &mut figures.errors).await;
         figures.rows.push(row);
     }
-    figures.rss_after_kib = paths
+    figures.memory_after = paths
         .endpoints
         .iter()
         .zip(&paths.meters)

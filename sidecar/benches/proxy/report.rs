@@ -311,8 +311,8 @@ impl Report {
             if t.errors > 0 {
                 let _ = writeln!(out, "\n{}: {} requests failed.", t.upstream, t.errors);
             }
-            for (label, rss) in t.labels.iter().zip(&t.rss_after_kib) {
-                if let Some(m) = rss {
+            for (label, memory) in t.labels.iter().zip(&t.memory_after) {
+                if let Some(m) = memory {
                     let _ = writeln!(
                         out,
                         "\n{}, {label}: RSS once the loops were over {} ({} its own, \

@@ -154,7 +154,7 @@ impl Report {
                         })),
                     );
                 }
-                if let Some(Some(m)) = t.rss_after_kib.get(i) {
+                if let Some(Some(m)) = t.memory_after.get(i) {
                     for (what, kib, limit) in [
                         (
                             "RSS once the loops are over",
