@@ -8,16 +8,20 @@
 //! that version before the store takes the new one decides alike and keeps
 //! nothing per resource (the operator's memory at scale: docs/BENCHMARKS.md).
 
+use std::sync::Arc;
+
 use futures::{Stream, TryStreamExt, future};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Resource, ResourceExt};
 
+use super::status::CreatedBuckets;
 use crate::crd::Gcs;
 
 /// Writes each event of `events` to the cache behind `writer` (as
-/// kube-runtime's `reflect` does) and yields the applied resources that
+/// kube-runtime's `reflect` does), tells `created` what the cache now
+/// shows, and yields the applied resources that
 /// call for a reconcile, judged against the version `cache` held before.
 ///
 /// What it yields only becomes a reconcile request, which kube-runtime
@@ -29,6 +33,7 @@ pub(super) fn reflect_changes(
     events: impl Stream<Item = Result<Event<Gcs>, watcher::Error>>,
     mut writer: Writer<Gcs>,
     cache: Store<Gcs>,
+    created: Arc<CreatedBuckets>,
 ) -> impl Stream<Item = Result<Gcs, watcher::Error>> {
     events
         .map_ok(move |event| {
@@ -37,6 +42,7 @@ pub(super) fn reflect_changes(
                 Event::Delete(_) | Event::Init | Event::InitDone => false,
             };
             writer.apply_watcher_event(&event);
+            created.seen(&event);
             match event {
                 Event::Apply(mut obj) | Event::InitApply(mut obj) if wanted => {
                     obj.metadata.uid = None;
@@ -91,6 +97,7 @@ mod tests {
             stream::iter(events.into_iter().map(Ok)),
             writer,
             cache.clone(),
+            Arc::default(),
         )
         .map(|r| r.expect("no watch error").name_any())
         .collect()
@@ -128,7 +135,7 @@ mod tests {
     async fn a_request_keeps_the_name_and_namespace_only() {
         let (cache, writer) = reflector::store();
         let events = stream::iter([Ok(Event::Apply(gcs("a", "u1", 1, &[], false)))]);
-        let out: Vec<Gcs> = reflect_changes(events, writer, cache)
+        let out: Vec<Gcs> = reflect_changes(events, writer, cache, Arc::default())
             .map(|r| r.expect("no watch error"))
             .collect()
             .await;

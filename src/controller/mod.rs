@@ -163,6 +163,8 @@ pub struct Context {
     /// and identities can be resolved.
     namespaces_synced: Arc<AtomicBool>,
     failures: FailureCounts,
+    /// Buckets recorded as created that the resource cache may not show yet.
+    created: Arc<status::CreatedBuckets>,
     /// Reconciles doing work at once (waiting for a map write does not count).
     slots: Slots,
     /// Per namespace, held from counting its buckets against the tenancy

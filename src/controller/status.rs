@@ -1,9 +1,13 @@
 //! The status a reconcile builds, written once (and only when changed), and
 //! how a failed reconcile shows in it.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
+use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
@@ -23,13 +27,26 @@ pub(super) struct StatusWriter<'a> {
 }
 
 impl<'a> StatusWriter<'a> {
+    /// The status as the cache shows it, with a bucket this process has
+    /// recorded that the cache does not show yet (see [`CreatedBuckets`]).
     pub(super) fn new(obj: &'a Gcs, ctx: &'a Context) -> Self {
-        StatusWriter {
+        let mut writer = StatusWriter {
             obj,
             ctx,
             status: obj.status.clone().unwrap_or_default(),
             written: obj.status.clone(),
+        };
+        let Some(uid) = obj.uid() else {
+            return writer;
+        };
+        if writer.status.create_time.is_some() {
+            return writer;
         }
+        if let Some(created) = ctx.created.get(&uid) {
+            writer.name(&created.physical, &created.project, created.attempt);
+            writer.status.create_time = Some(created.time);
+        }
+        writer
     }
 
     pub(super) fn ready(&mut self, ready: bool, reason: &str, message: String) {
@@ -75,11 +92,29 @@ impl<'a> StatusWriter<'a> {
         self.status.name_attempt = Some(attempt);
     }
 
-    /// Records when the bucket was first created (kept afterwards).
+    /// Records when the bucket was first created (kept afterwards), here
+    /// and in [`CreatedBuckets`] until the cache shows it.
     pub(super) fn created_now(&mut self) {
-        if self.status.create_time.is_none() {
-            self.status.create_time = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        if self.status.create_time.is_some() {
+            return;
         }
+        let time = Time(k8s_openapi::jiff::Timestamp::now());
+        self.status.create_time = Some(time.clone());
+        let (Some(uid), Some(physical), Some(project)) = (
+            self.obj.uid(),
+            self.status.bucket_full_name.clone(),
+            self.status.project_id.clone(),
+        ) else {
+            return;
+        };
+        let attempt = self.status.name_attempt.unwrap_or(0);
+        let created = Created {
+            physical,
+            project,
+            attempt,
+            time,
+        };
+        self.ctx.created.record(uid, created);
     }
 
     /// Writes the status if it differs from what the API server holds.
@@ -96,6 +131,57 @@ impl<'a> StatusWriter<'a> {
     pub(super) async fn not_ready(&mut self, reason: &str, message: String) -> Result<()> {
         self.ready(false, reason, message);
         self.flush().await
+    }
+}
+
+/// Buckets this process has recorded as created (or adopted) for a
+/// resource, by its uid, until the resource cache shows the record.
+///
+/// A status write reaches the cache through the watch, a few milliseconds
+/// later. A reconcile that starts meanwhile would read the resource
+/// without `createTime` and create its bucket again: GCS answers
+/// AlreadyExists, the bucket is found again, and the project's create
+/// quota pays for a call that did nothing. The entry goes when the watch
+/// brings the record to the cache, or the resource's deletion.
+#[derive(Default)]
+pub(super) struct CreatedBuckets(Mutex<HashMap<String, Created>>);
+
+/// One bucket recorded as created: the fields its status write carried.
+#[derive(Clone)]
+pub(super) struct Created {
+    physical: String,
+    project: String,
+    attempt: u32,
+    time: Time,
+}
+
+impl CreatedBuckets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Created>> {
+        // Each entry is written whole under the lock: a poisoned map is
+        // still consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, uid: String, created: Created) {
+        self.lock().insert(uid, created);
+    }
+
+    fn get(&self, uid: &str) -> Option<Created> {
+        self.lock().get(uid).cloned()
+    }
+
+    /// The watch brought `event` to the cache: what the cache now shows,
+    /// and what is gone, leaves.
+    pub(super) fn seen(&self, event: &Event<Gcs>) {
+        let shown = |obj: &Gcs| obj.status.as_ref().is_some_and(|s| s.create_time.is_some());
+        let uid = match event {
+            Event::Apply(obj) | Event::InitApply(obj) if shown(obj) => obj.uid(),
+            Event::Delete(obj) => obj.uid(),
+            _ => return,
+        };
+        if let Some(uid) = uid {
+            self.lock().remove(&uid);
+        }
     }
 }
 
@@ -334,5 +420,42 @@ mod tests {
         ] {
             assert_eq!(failure_report(&error, "p"), None, "{error}");
         }
+    }
+
+    fn resource(uid: &str, created: bool) -> Gcs {
+        let mut obj: Gcs = serde_json::from_value(serde_json::json!({
+            "apiVersion": "storage.bucketmap.dev/v1alpha1", "kind": "Gcs",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"bucketName": "photos"},
+        }))
+        .expect("a valid Gcs");
+        let time = Time(k8s_openapi::jiff::Timestamp::now());
+        obj.status = Some(GcsStatus {
+            create_time: created.then_some(time),
+            ..GcsStatus::default()
+        });
+        obj
+    }
+
+    #[test]
+    fn a_created_bucket_is_remembered_until_the_cache_shows_it_or_it_is_deleted() {
+        let created = CreatedBuckets::default();
+        for uid in ["a", "b"] {
+            let entry = Created {
+                physical: format!("photos-{uid}"),
+                project: "p".into(),
+                attempt: 0,
+                time: Time(k8s_openapi::jiff::Timestamp::now()),
+            };
+            created.record(uid.into(), entry);
+        }
+        created.seen(&Event::Apply(resource("a", false)));
+        created.seen(&Event::InitApply(resource("b", false)));
+        assert!(created.get("a").is_some(), "the cache is still behind");
+        assert!(created.get("b").is_some(), "the cache is still behind");
+        created.seen(&Event::Apply(resource("a", true)));
+        assert!(created.get("a").is_none(), "the cache shows it");
+        created.seen(&Event::Delete(resource("b", false)));
+        assert!(created.get("b").is_none(), "the resource is gone");
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::status::CreatedBuckets;
 use super::{Context, FailureCounts, OperatorConfig, error_policy, reconcile, scope};
 use crate::bucket_map::{BucketMaps, MapSettings};
 use crate::crd::Gcs;
@@ -59,7 +60,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (namespaces, ns_stream) = watch_namespaces(&client, &config);
-    let (resources, gcs_stream) = watch_resources(&client, &config);
+    let created = Arc::<CreatedBuckets>::default();
+    let (resources, gcs_stream) = watch_resources(&client, &config, created.clone());
     let (configmaps, secrets, cache_tasks) = watch_published(&client, &config);
     let (service_accounts, sa_stream) = watch_service_accounts(&client, &config);
     let concurrency = config.concurrency;
@@ -69,6 +71,7 @@ pub async fn run(
         configmaps,
         secrets,
         service_accounts: service_accounts.clone(),
+        created,
     };
     let (ctx, woken) = Context::build(client, gcs, metrics, config, stores, Arc::default());
     let triggers = Triggers {
@@ -132,6 +135,7 @@ fn watch_namespaces(
 fn watch_resources(
     client: &kube::Client,
     config: &OperatorConfig,
+    created: Arc<CreatedBuckets>,
 ) -> (
     Store<Gcs>,
     impl Stream<Item = Result<Gcs, watcher::Error>> + Send + 'static,
@@ -143,7 +147,7 @@ fn watch_resources(
         .modify(trim_for_cache::<Gcs>);
     // Status writes do not trigger reconciles; spec changes, deletion
     // (which bumps the generation) and finalizer changes do.
-    let stream = super::changes::reflect_changes(events, writer, reader.clone());
+    let stream = super::changes::reflect_changes(events, writer, reader.clone(), created);
     (reader, stream)
 }
 
@@ -326,6 +330,8 @@ pub(super) struct Stores {
     pub configmaps: Store<ConfigMap>,
     pub secrets: Store<CachedBinding>,
     pub service_accounts: Store<ServiceAccountMeta>,
+    /// Buckets recorded as created that the resource cache may not show yet.
+    pub created: Arc<CreatedBuckets>,
 }
 
 impl Context {
@@ -364,6 +370,7 @@ impl Context {
             service_accounts: stores.service_accounts,
             namespaces_synced: synced,
             failures: FailureCounts::default(),
+            created: stores.created,
             slots: Slots::new(config.concurrency),
             count_locks: super::CountLocks::default(),
             client,

@@ -102,6 +102,7 @@ impl Harness {
             configmaps,
             secrets,
             service_accounts,
+            created: Arc::default(),
         };
         let (ctx, woken) = Context::without_watches(api.client(), gcs, metrics, config, stores);
         let writers = Writers {

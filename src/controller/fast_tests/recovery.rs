@@ -1,7 +1,8 @@
 //! A bucket found again: after a lost create response, by a re-created
 //! resource, under the labels of an earlier version; the name of a later
 //! candidate recorded before its create; settings GCS fixes at creation
-//! that differ.
+//! that differ. A bucket not created again by a reconcile that reads a
+//! cache behind its own status write.
 
 use bucketmap_testkit::mock_gcs::{Fault, proto};
 use serde_json::json;
@@ -151,4 +152,26 @@ async fn reconcile_relabels_a_bucket_an_earlier_version_labelled_with_the_uid() 
     let g = h.get("photos").expect("the resource exists");
     assert_eq!(ready(&g).map(|c| c.status), Some("True".to_owned()));
     h.event("photos", "OwnershipMigrated").await;
+}
+
+#[tokio::test]
+async fn reconcile_of_a_cache_behind_its_own_status_write_does_not_create_again() {
+    let h = Harness::new().await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    h.reconcile("photos").await.expect("the finalizer is added");
+    h.reconcile("photos").await.expect("the bucket is created");
+    let recorded = h.get("photos").and_then(|g| g.status).expect("a status");
+    assert!(recorded.create_time.is_some(), "{recorded:?}");
+    // The watch has not delivered that status write yet: the cache still
+    // holds the resource without it.
+    h.reconcile_cached("photos")
+        .await
+        .expect("the reconcile succeeds");
+    assert_eq!(h.gcs.call_count("CreateBucket"), 1, "created once");
+    let status = h.get("photos").and_then(|g| g.status).expect("a status");
+    assert_eq!(status.create_time, recorded.create_time);
+    assert_eq!(status.bucket_full_name, recorded.bucket_full_name);
+    // Once the cache shows the write, the resource is reconciled as before.
+    h.reconcile("photos").await.expect("the reconcile succeeds");
+    assert_eq!(h.gcs.call_count("CreateBucket"), 1);
 }
