@@ -281,10 +281,7 @@ impl BucketMaps {
     fn seed(&self, ns: &str) -> State {
         let data = self.current_data(ns);
         let mut state = State::default();
-        for obj in self.resources.state() {
-            if obj.namespace().as_deref() != Some(ns) {
-                continue;
-            }
+        for obj in self.resources.state_filter(|g| in_namespace(g, ns)) {
             let Some(physical) = obj.status.as_ref().and_then(|s| s.bucket_full_name.clone())
             else {
                 continue;
@@ -330,11 +327,8 @@ impl BucketMaps {
     /// Every resource of `ns` that names a logical bucket and is not being deleted.
     fn contenders(&self, ns: &str) -> Vec<Contender> {
         self.resources
-            .state()
+            .state_filter(|g| in_namespace(g, ns) && g.meta().deletion_timestamp.is_none())
             .iter()
-            .filter(|g| {
-                g.namespace().as_deref() == Some(ns) && g.meta().deletion_timestamp.is_none()
-            })
             .filter_map(|g| {
                 Some(Contender {
                     uid: g.uid()?,
@@ -345,6 +339,12 @@ impl BucketMaps {
             })
             .collect()
     }
+}
+
+/// Whether `obj` is in namespace `ns`: a cache-wide filter, run on every
+/// flush, that must not copy each resource's namespace to compare it.
+pub(crate) fn in_namespace(obj: &Gcs, ns: &str) -> bool {
+    obj.meta().namespace.as_deref() == Some(ns)
 }
 
 /// The `data` keys that `manager` owns by server-side apply, read from the

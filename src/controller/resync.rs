@@ -59,9 +59,8 @@ pub(super) fn resyncs(
         .zip(stream::iter((0..slots).cycle()))
         .flat_map(move |((), slot)| {
             let due: Vec<ObjectRef<Gcs>> = cache
-                .state()
+                .state_filter(|obj| slot_of(obj, slots) == slot)
                 .iter()
-                .filter(|obj| slot_of(obj, slots) == slot)
                 .map(|obj| ObjectRef::from_obj(&**obj))
                 .collect();
             stream::iter(due)

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use super::status::CreatedBuckets;
 use super::{Context, FailureCounts, OperatorConfig, error_policy, reconcile, scope};
-use crate::bucket_map::{BucketMaps, MapSettings};
+use crate::bucket_map::{BucketMaps, MapSettings, in_namespace};
 use crate::crd::Gcs;
 use crate::gcs::{GcsClient, Pacer};
 use crate::metrics::Metrics;
@@ -182,10 +182,9 @@ fn controller(
     controller.watches_stream(triggers.namespaces, move |ns| {
         let name = ns.name_any();
         store
-            .state()
-            .into_iter()
-            .filter(|g| g.namespace().as_deref() == Some(name.as_str()))
-            .map(|g| ObjectRef::from_obj(&*g))
+            .state_filter(|g| in_namespace(g, &name))
+            .iter()
+            .map(|g| ObjectRef::from_obj(&**g))
             .collect::<Vec<_>>()
     })
 }
@@ -255,18 +254,15 @@ fn with_service_accounts(
 ) -> Controller<Gcs> {
     let store = controller.store();
     controller.watches_stream(service_accounts, move |sa| {
-        let (ns, name) = (sa.namespace(), sa.name_any());
+        let (ns, name) = (sa.namespace().unwrap_or_default(), sa.name_any());
+        let grants_to = |g: &Gcs| {
+            let grantee = |a: &crate::crd::AccessGrant| a.service_account.as_deref() == Some(&name);
+            g.spec.access.iter().any(grantee)
+        };
         store
-            .state()
-            .into_iter()
-            .filter(|g| g.namespace() == ns)
-            .filter(|g| {
-                g.spec
-                    .access
-                    .iter()
-                    .any(|a| a.service_account.as_deref() == Some(name.as_str()))
-            })
-            .map(|g| ObjectRef::from_obj(&*g))
+            .state_filter(|g| in_namespace(g, &ns) && grants_to(g))
+            .iter()
+            .map(|g| ObjectRef::from_obj(&**g))
             .collect::<Vec<_>>()
     })
 }
