@@ -225,14 +225,19 @@ impl BucketMaps {
     /// The claim is in the map as it stands, as far as the caches know.
     fn already_published(&self, ns: &str, state: &State, claim: &Claim) -> bool {
         let ours = state.applied.get(&claim.logical);
-        if ours != Some(&(claim.uid.clone(), claim.physical.clone()))
-            || state.claims.get(&claim.uid) != Some(claim)
-        {
+        let applied =
+            ours.is_some_and(|(uid, physical)| *uid == claim.uid && *physical == claim.physical);
+        if !applied || state.claims.get(&claim.uid) != Some(claim) {
             return false;
         }
-        self.configmaps
+        let Some(cm) = self
+            .configmaps
             .get(&ObjectRef::new(&self.settings.map_name).within(ns))
-            .and_then(|cm| cm.data.as_ref()?.get(&*claim.logical).cloned())
+        else {
+            return false;
+        };
+        let data = cm.data.as_ref();
+        data.and_then(|d| d.get(&*claim.logical))
             .is_some_and(|v| *v == *claim.physical)
     }
 

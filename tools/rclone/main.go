@@ -1,6 +1,6 @@
 // rclone as the sidecar's integration tests use it: rclone's own entry point
 // (github.com/rclone/rclone's rclone.go) with the two backends and the
-// commands the tests run (sidecar/tests/common/rclone.rs), instead of every
+// commands the tests run (sidecar/tests/integration/common/rclone.rs), instead of every
 // backend and command. The same code paths, built in a fraction of the time.
 package main
 

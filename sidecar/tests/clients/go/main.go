@@ -7,7 +7,7 @@
 //
 // (the gRPC scenario: grpc.go).
 //
-// SPEC.json is written by the Rust integration test (sidecar/tests/common):
+// SPEC.json is written by the Rust integration test (sidecar/tests/integration/common):
 // the logical bucket names, the files to upload and every object name. This
 // program only observes: it runs each step, records what the library returned
 // (object attributes under their JSON API field names, digests of downloaded

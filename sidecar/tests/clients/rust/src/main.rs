@@ -6,7 +6,7 @@
 //! With `--grpc`, the gRPC scenario of `grpc.rs` (`StorageControl` and
 //! `Storage::open_object`) runs instead.
 //!
-//! SPEC.json is written by the Rust integration test (sidecar/tests/common):
+//! SPEC.json is written by the Rust integration test (sidecar/tests/integration/common):
 //! the logical bucket names, the files to upload and every object name. This
 //! program only observes: it runs each step, records what the library
 //! returned (object fields under their JSON API names, digests of downloaded
@@ -212,7 +212,7 @@ async fn main_inner() -> Result<()> {
         .with_endpoint(&endpoint)
         .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build());
     // Set by the test for its direct baseline against fake-gcs-server only
-    // (an emulator gap, explained in sidecar/tests/common/scenario.rs).
+    // (an emulator gap, explained in sidecar/tests/integration/common/scenario.rs).
     let single_shot_only = std::env::var_os("BUCKETMAP_TEST_SINGLE_SHOT_ONLY").is_some();
     if single_shot_only {
         builder = builder.with_resumable_upload_threshold(usize::MAX);

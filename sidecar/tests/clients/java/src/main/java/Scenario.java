@@ -5,7 +5,7 @@
 //
 // Usage: java -cp CLASSES:LIB/* Scenario SPEC.json   (BUCKETMAP_TEST_ENDPOINT=http://127.0.0.1:PORT)
 //
-// SPEC.json is written by the Rust integration test (sidecar/tests/common):
+// SPEC.json is written by the Rust integration test (sidecar/tests/integration/common):
 // the logical bucket names, the files to upload and every object name. This
 // program only observes: it runs each step, records what the library
 // returned (object fields under their JSON API names, digests of downloaded
