@@ -2,9 +2,12 @@
 //! flag, a 4-byte big-endian length, and the payload): a decoder that cuts
 //! a body's data frames into whole messages — without copying when a
 //! message lies inside one data frame, with one copy when it spans several
-//! — and the prefix of a message sent on. The copy is deliberate: a message
-//! sent on as one buffer costs less in hyper's HTTP/2 send path than the
-//! same message in the frames' pieces (docs/BENCHMARKS.md, gRPC).
+//! — and the prefix of a message sent on. The copy is the default: a
+//! message sent on as one buffer costs less in hyper's HTTP/2 send path
+//! than the same message in the frames' pieces, on the way to the
+//! upstream. A caller that knows a message goes on unchanged may keep it
+//! in its pieces instead ([`Decoder::next`]); the response direction does
+//! (docs/BENCHMARKS.md, gRPC).
 //!
 //! Hand-written (forty lines): tonic's decoder is bound to its codecs and
 //! yields decoded types, while the sidecar needs the raw payload to rewrite
@@ -40,6 +43,16 @@ impl Message {
     }
 }
 
+/// What the decoder cut: a message, or one left in the pieces it came in.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// A whole message.
+    Message(Message),
+    /// A message to send on as it came: its prefix, then its payload in
+    /// the pieces of the data frames it came in.
+    AsItCame(Vec<Bytes>),
+}
+
 /// Cuts data frames into whole messages.
 #[derive(Debug)]
 pub struct Decoder {
@@ -73,6 +86,51 @@ impl Decoder {
 
     /// The next whole message, if one is buffered.
     pub fn next_message(&mut self) -> Result<Option<Message>, Status> {
+        match self.next(|_, _| false)? {
+            Some(Decoded::Message(message)) => Ok(Some(message)),
+            Some(Decoded::AsItCame(_)) | None => Ok(None),
+        }
+    }
+
+    /// The next whole message, if one is buffered. One that spans several
+    /// data frames is not gathered when `as_it_came`, given its compressed
+    /// flag and its payload in the frames' pieces, says it goes on as it
+    /// came: then its prefix and pieces are returned, uncopied.
+    pub fn next(
+        &mut self,
+        as_it_came: impl FnOnce(bool, &[&[u8]]) -> bool,
+    ) -> Result<Option<Decoded>, Status> {
+        let Some((compressed, len)) = self.whole()? else {
+            return Ok(None);
+        };
+        let in_pieces = self
+            .chunks
+            .front()
+            .is_some_and(|c| c.len() < PREFIX_LEN + len);
+        if in_pieces && as_it_came(compressed, &self.pieces(PREFIX_LEN, len)) {
+            let mut pieces = vec![self.take(PREFIX_LEN)];
+            let mut left = len;
+            while left > 0 {
+                let n = self.chunks.front().map_or(0, |c| c.len().min(left));
+                if n == 0 {
+                    break;
+                }
+                pieces.push(self.take(n));
+                left -= n;
+            }
+            return Ok(Some(Decoded::AsItCame(pieces)));
+        }
+        self.take(PREFIX_LEN);
+        let payload = self.take(len);
+        Ok(Some(Decoded::Message(Message {
+            compressed,
+            payload,
+        })))
+    }
+
+    /// The compressed flag and length of the first message, when all of
+    /// it is buffered.
+    fn whole(&self) -> Result<Option<(bool, usize)>, Status> {
         if self.buffered < PREFIX_LEN {
             return Ok(None);
         }
@@ -91,15 +149,25 @@ impl Decoder {
         if len > self.limit {
             return Err(Refusal::grpc_message_too_large(len, self.limit).grpc_status());
         }
-        if self.buffered < PREFIX_LEN + len {
-            return Ok(None);
+        Ok((self.buffered >= PREFIX_LEN + len).then_some((compressed, len)))
+    }
+
+    /// The buffered bytes `skip..skip + len`, in the chunks' pieces.
+    fn pieces(&self, mut skip: usize, mut len: usize) -> Vec<&[u8]> {
+        let mut pieces = Vec::new();
+        for chunk in &self.chunks {
+            if len == 0 {
+                break;
+            }
+            if skip >= chunk.len() {
+                skip -= chunk.len();
+                continue;
+            }
+            let n = (chunk.len() - skip).min(len);
+            pieces.push(&chunk[skip..skip + n]);
+            (skip, len) = (0, len - n);
         }
-        self.take(PREFIX_LEN);
-        let payload = self.take(len);
-        Ok(Some(Message {
-            compressed,
-            payload,
-        }))
+        pieces
     }
 
     /// Copies the first `out.len()` buffered bytes into `out`.
@@ -190,6 +258,59 @@ mod tests {
             prop_assert_eq!(out, messages);
             prop_assert!(decoder.is_empty());
         }
+    }
+
+    proptest! {
+            /// Messages left in their pieces, or gathered, go on as they came:
+            /// any cut, any choice.
+            #[test]
+            fn messages_in_pieces_go_on_as_they_came(
+                payloads in proptest::collection::vec((any::<bool>(), proptest::collection::vec(any::<u8>(), 0..300)), 0..6),
+                cuts in proptest::collection::vec(0usize..2000, 0..10),
+                keep in any::<u64>(),
+            ) {
+                let messages: Vec<Message> = payloads.into_iter().map(|(c, p)| message(c, p)).collect();
+                let wire = framed(&messages);
+                let mut points: Vec<usize> = cuts.into_iter().map(|c| c % (wire.len() + 1)).collect();
+                points.extend([0, wire.len()]);
+                points.sort_unstable();
+                let mut decoder = Decoder::new(1 << 20);
+                let (mut out, mut count) = (Vec::new(), 0u32);
+                for pair in points.windows(2) {
+                    decoder.push(Bytes::copy_from_slice(&wire[pair[0]..pair[1]]));
+    while let Some(d) = decoder.next(|_, _| keep >> (count % 64) & 1 == 1).map_err(|e| TestCaseError::fail(e.to_string()))? {
+                        count += 1;
+                        match d {
+                            Decoded::Message(m) => out.extend(framed(&[m])),
+                            Decoded::AsItCame(pieces) => pieces.iter().for_each(|p| out.extend_from_slice(p)),
+                        }
+                    }
+                }
+                prop_assert_eq!(out, wire);
+                prop_assert!(decoder.is_empty());
+            }
+        }
+
+    #[test]
+    fn a_message_left_in_pieces_is_not_copied() {
+        let wire = Bytes::from(framed(&[message(false, vec![7; 64])]));
+        let (head, tail) = (wire.slice(..30), wire.slice(30..));
+        let mut decoder = Decoder::new(1024);
+        decoder.push(head.clone());
+        decoder.push(tail.clone());
+        let mut seen = Vec::new();
+        let decoded = decoder.next(|compressed, payload| {
+            seen = payload.iter().map(|p| p.len()).collect();
+            !compressed
+        });
+        let Ok(Some(Decoded::AsItCame(pieces))) = decoded else {
+            panic!("left in pieces: {decoded:?}");
+        };
+        assert_eq!(seen, [25, 39], "the payload, in the frames' pieces");
+        assert_eq!(pieces.len(), 3, "the prefix and two pieces");
+        assert_eq!(pieces[1].as_ptr(), head[PREFIX_LEN..].as_ptr());
+        assert_eq!(pieces[2].as_ptr(), tail.as_ptr());
+        assert!(decoder.is_empty());
     }
 
     #[test]

@@ -67,6 +67,103 @@ pub fn rewrite_message(
     }
 }
 
+/// Whether `rewrite_message` would leave a message of type
+/// `schema::MESSAGES[message]` as it is, judged from its payload in pieces
+/// (`parts`, the data frames it came in) without joining them: every
+/// top-level field is well formed and none is one the table holds. `false`
+/// when that cannot be told cheaply (a field of the table, a group, a
+/// malformed field): then the whole message goes through
+/// [`rewrite_message`], which decides, so that a message judged here
+/// meets exactly the checks it would meet there. Object data (the
+/// `checksummed_data` of reads and writes) is in fields the table does not
+/// hold: it is skipped by its length, unread.
+pub fn unchanged_at_top(parts: &[&[u8]], message: usize) -> bool {
+    let Some(schema) = MESSAGES.get(message) else {
+        return false;
+    };
+    let mut cursor = Pieces { parts, at: (0, 0) };
+    while !cursor.is_empty() {
+        let Some((number, wire_type)) = cursor.varint_with(|b| decode_key(b)) else {
+            return false;
+        };
+        if schema.field(number).is_some() {
+            return false;
+        }
+        let skipped = match wire_type {
+            WireType::Varint => cursor.varint_with(|b| decode_varint(b)).is_some(),
+            WireType::SixtyFourBit => cursor.skip(8),
+            WireType::ThirtyTwoBit => cursor.skip(4),
+            WireType::LengthDelimited => cursor
+                .varint_with(|b| decode_varint(b))
+                .and_then(|len| usize::try_from(len).ok())
+                .is_some_and(|len| cursor.skip(len)),
+            WireType::StartGroup | WireType::EndGroup => false,
+        };
+        if !skipped {
+            return false;
+        }
+    }
+    true
+}
+
+/// A read position in a message held in pieces.
+struct Pieces<'a> {
+    parts: &'a [&'a [u8]],
+    /// The piece, and the offset in it.
+    at: (usize, usize),
+}
+
+impl Pieces<'_> {
+    fn is_empty(&self) -> bool {
+        let (mut part, mut offset) = self.at;
+        while let Some(p) = self.parts.get(part) {
+            if offset < p.len() {
+                return false;
+            }
+            (part, offset) = (part + 1, 0);
+        }
+        true
+    }
+
+    /// Decodes a varint (or a key) with `decode` from the next bytes, at
+    /// most ten, as prost reads it from one buffer; moves past it.
+    fn varint_with<T>(
+        &mut self,
+        decode: impl FnOnce(&mut &[u8]) -> Result<T, DecodeError>,
+    ) -> Option<T> {
+        let mut bytes = [0u8; 10];
+        let mut n = 0;
+        let (mut part, mut offset) = self.at;
+        while n < bytes.len() {
+            let Some(p) = self.parts.get(part) else { break };
+            let take = (p.len() - offset).min(bytes.len() - n);
+            bytes[n..n + take].copy_from_slice(&p[offset..offset + take]);
+            n += take;
+            (part, offset) = (part + 1, 0);
+        }
+        let mut rest = &bytes[..n];
+        let value = decode(&mut rest).ok()?;
+        self.skip(n - rest.len()).then_some(value)
+    }
+
+    /// Moves `n` bytes on; `false` when fewer are left.
+    fn skip(&mut self, mut n: usize) -> bool {
+        let (mut part, mut offset) = self.at;
+        loop {
+            let Some(p) = self.parts.get(part) else {
+                return n == 0;
+            };
+            let left = p.len() - offset;
+            if n < left || (n == left && part + 1 == self.parts.len()) {
+                self.at = (part, offset + n);
+                return true;
+            }
+            n -= left;
+            (part, offset) = (part + 1, 0);
+        }
+    }
+}
+
 /// What changes in one message.
 #[derive(Debug)]
 struct Plan {
@@ -769,6 +866,33 @@ mod tests {
     }
 
     #[test]
+    fn object_data_is_judged_unchanged_in_its_pieces_and_metadata_is_not() {
+        let data = gcs::ReadObjectResponse {
+            checksummed_data: Some(gcs::ChecksummedData {
+                content: vec![7; 40_000],
+                crc32c: Some(1),
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let pieces: Vec<&[u8]> = data.chunks(16_384).collect();
+        assert!(unchanged_at_top(&pieces, index("ReadObjectResponse")));
+        let first = gcs::ReadObjectResponse {
+            metadata: Some(object(PHOTOS_PHYSICAL, "a.jpg")),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let whole = [data.as_slice(), first.as_slice()].concat();
+        let pieces: Vec<&[u8]> = whole.chunks(16_384).collect();
+        assert!(!unchanged_at_top(&pieces, index("ReadObjectResponse")));
+        // Cut short inside the data: not judged here.
+        assert!(!unchanged_at_top(
+            &[&data[..30_000]],
+            index("ReadObjectResponse")
+        ));
+    }
+
+    #[test]
     fn allowed_physical_names_are_forwarded_without_a_copy() {
         let bytes = Bytes::from(object(PHOTOS_PHYSICAL, "b").encode_to_vec());
         let out = with(Direction::ToPhysical, true, |t| {
@@ -1152,6 +1276,29 @@ mod proptests {
             }
             let back = rewritten(&physical, message, Direction::ToLogical).unwrap();
             prop_assert_eq!(back, logical);
+        }
+
+        /// What is judged unchanged in pieces, the whole-message rewrite
+        /// leaves unchanged, in both directions: any bytes, any cut.
+        #[test]
+        fn judged_unchanged_in_pieces_means_unchanged(
+            bytes in prop::collection::vec(any::<u8>(), 0..200),
+            pieces in prop::collection::vec(piece(), 0..12),
+            built: bool,
+            cuts in prop::collection::vec(0usize..300, 0..6),
+            message in 0..MESSAGES.len(),
+        ) {
+            let schema = &MESSAGES[message];
+            let msg = if built { build(schema, &pieces, &["photos", "photos-k3x9q2mw"], 0) } else { bytes };
+            let mut points: Vec<usize> = cuts.into_iter().map(|c| c % (msg.len() + 1)).collect();
+            points.extend([0, msg.len()]);
+            points.sort_unstable();
+            let parts: Vec<&[u8]> = points.windows(2).map(|w| &msg[w[0]..w[1]]).collect();
+            if unchanged_at_top(&parts, message) {
+                for direction in [Direction::ToPhysical, Direction::ToLogical] {
+                    prop_assert_eq!(rewritten(&msg, message, direction), Ok(msg.clone()));
+                }
+            }
         }
 
         #[test]

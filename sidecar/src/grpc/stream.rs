@@ -13,7 +13,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame};
 use tonic::Status;
 
-use super::frame::{Decoder, Message};
+use super::frame::{Decoded, Decoder, Message};
 use super::status::from_core;
 use crate::body::BoxError;
 use bucketmap_sidecar_core::grpc::status::Status as CoreStatus;
@@ -22,6 +22,14 @@ use bucketmap_sidecar_core::grpc::status::Status as CoreStatus;
 pub trait Side: Send + Sync + Unpin + 'static {
     /// Rewrites one message (or refuses it).
     fn message(&mut self, message: Message) -> Result<Message, Status>;
+
+    /// Whether a message that came in several data frames, given its
+    /// compressed flag and its payload in the frames' pieces, goes on as
+    /// it came, in those pieces, without [`Side::message`]. The default
+    /// gathers every message into one buffer.
+    fn as_it_came(&self, _compressed: bool, _payload: &[&[u8]]) -> bool {
+        false
+    }
 
     /// The end of the stream, with the trailers received (if any): the
     /// trailers to send on, or an error to abort the stream with.
@@ -104,11 +112,20 @@ where
             if self.done {
                 return Poll::Ready(self.pending_trailers.take().map(|t| Ok(Frame::trailers(t))));
             }
-            match self.decoder.next_message() {
-                Ok(Some(message)) => {
+            let side = &self.side;
+            match self
+                .decoder
+                .next(|compressed, payload| side.as_it_came(compressed, payload))
+            {
+                Ok(Some(Decoded::Message(message))) => {
                     if let Err(status) = self.rewrite(message) {
                         return Poll::Ready(Some(self.fail(status)));
                     }
+                    continue;
+                }
+                Ok(Some(Decoded::AsItCame(pieces))) => {
+                    self.out.extend(pieces);
+                    self.messages += 1;
                     continue;
                 }
                 Ok(None) => {}
