@@ -9,9 +9,10 @@
 //! in its pieces instead ([`Decoder::next`]); the response direction does
 //! (docs/BENCHMARKS.md, gRPC).
 //!
-//! Hand-written (forty lines): tonic's decoder is bound to its codecs and
-//! yields decoded types, while the sidecar needs the raw payload to rewrite
-//! at the wire level and send on unchanged when nothing matters.
+//! Hand-written (a hundred lines): tonic's decoder is bound to its codecs
+//! and yields decoded types, while the sidecar needs the raw payload (or
+//! its pieces) to rewrite at the wire level and send on unchanged when
+//! nothing matters.
 
 use std::collections::VecDeque;
 
