@@ -154,7 +154,7 @@ impl Pieces<'_> {
                 return n == 0;
             };
             let left = p.len() - offset;
-            if n < left || (n == left && part + 1 == self.parts.len()) {
+            if n <= left {
                 self.at = (part, offset + n);
                 return true;
             }
