@@ -6,6 +6,9 @@
 //!   --create-namespace` makes); its values change what it renders, its
 //!   schema refuses what it does not know, and the API server accepts every
 //!   rendering (server-side dry run, with the monitoring CRDs installed);
+//! - `forms`: every value renders the same from a values file, `--set`,
+//!   `--set-string` and `--set-json`, or the schema refuses the form and
+//!   says why;
 //! - `lifecycle`: an upgrade from the previous chart version, uninstall and
 //!   reinstall keep the CRD and every `Gcs` (their uids do not change), and
 //!   the webhooks' failure policies behave as documented while no replica
@@ -21,6 +24,7 @@
 // for functions is for product code (CONTRIBUTING.md).
 #![allow(clippy::too_many_lines)]
 
+mod forms;
 mod lifecycle;
 mod monitoring;
 mod render;

@@ -460,6 +460,26 @@ async fn the_schema_refuses_unknown_and_mistyped_values() -> TestResult {
             &["--set", "imagePullSecrets[0].name=registry"],
             "nam",
         ),
+        (
+            &["--set", "podDisruptionBudget.minAvailable=half"],
+            &["--set", "podDisruptionBudget.minAvailable=50%"],
+            "minAvailable",
+        ),
+        (
+            &["--set", "serviceMonitor.interval=30"],
+            &["--set", "serviceMonitor.interval=30s"],
+            "interval",
+        ),
+        (
+            &["--set", "resources.requests.cpu=lots"],
+            &["--set", "resources.requests.cpu=250m"],
+            "cpu",
+        ),
+        (
+            &["--set", "workloadIdentity.projectNumber=0"],
+            &["--set", "workloadIdentity.projectNumber=123456789012"],
+            "projectNumber",
+        ),
     ];
     for (refused, accepted, names) in cases {
         let error = helm_template(&helm, refused)

@@ -15,9 +15,31 @@ An image reference: repository:tag (tag defaults to the chart's appVersion),
 then @digest when one is given (the digest decides what runs).
 */}}
 {{- define "bucketmap.image" -}}
-{{- $tag := .image.tag | default .chart.AppVersion -}}
+{{- $tag := include "bucketmap.integer" (.image.tag | default .chart.AppVersion) -}}
 {{- printf "%s:%s" .image.repository $tag -}}
 {{- with .image.digest }}{{ printf "@%s" . }}{{ end -}}
+{{- end -}}
+
+{{/*
+A value the schema allows as an integer (or a string), printed as the user
+wrote it. A values file and --set-json hand the templates every number as a
+float64, which Go prints in exponent form once it is large (a project
+number would reach the operator as 1.23456789012e+11); --set hands an int64,
+--set-string a string. The schema refuses numbers with a fraction here, so
+printing a float64 without one loses nothing.
+*/}}
+{{- define "bucketmap.integer" -}}
+{{- if kindIs "float64" . }}{{ printf "%.0f" . }}{{ else }}{{ toString . }}{{ end -}}
+{{- end -}}
+
+{{/*
+A resource quantity (resources.requests and .limits), always as a string,
+the form the API server returns it in: a suffixed quantity stays as it is,
+and a whole number from a values file prints as its digits, not in
+exponent form, so that every way of giving it renders the same.
+*/}}
+{{- define "bucketmap.quantity" -}}
+{{- if and (kindIs "float64" .) (eq (floor .) .) }}{{ printf "%.0f" . }}{{ else }}{{ toString . }}{{ end -}}
 {{- end -}}
 
 {{/* Selector of the operator pods (fixed: names and selectors match the kustomize base). */}}
