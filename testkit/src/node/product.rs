@@ -148,19 +148,38 @@ async fn mirror_buckets(mock: MockHandle, fake_gcs: String) {
     }
 }
 
-/// `helm install` of the chart with the images loaded into the node, the
-/// operator pointed at the mock and the injected sidecars at fake-gcs-server.
+/// The values the node installs with, as a platform team keeps them in Git:
+/// numbers unquoted (helm hands the chart a values file's numbers as
+/// floats), the operator pointed at the mock and the injected sidecars at
+/// fake-gcs-server.
+fn values_file(mock_port: u16) -> String {
+    format!(
+        "defaultProject: bucketmap-node
+serviceAccount:
+  gcpServiceAccount: \"\"
+workloadIdentity:
+  pool: bucketmap-node.svc.id.goog
+  projectNumber: 123456789012
+extraArgs:
+  - --gcs-endpoint=http://{NODE_IP}:{mock_port}
+  - --gcs-anonymous
+sidecar:
+  extraArgs:
+    - --upstream=http://{NODE_IP}:{FAKE_GCS_PORT}
+    - --no-auth
+"
+    )
+}
+
+/// `helm install -f` of the chart with the images loaded into the node,
+/// from a values file as GitOps tools install it ([`values_file`]).
 async fn helm_install(node: &Node, mock_port: u16) -> Result<()> {
     let helm = tool("tools/helm/install.sh").await?;
     let chart = crate::repo_path("deploy/chart/bucketmap");
-    let operator_args = serde_json::json!([
-        format!("--gcs-endpoint=http://{NODE_IP}:{mock_port}"),
-        "--gcs-anonymous",
-    ]);
-    let sidecar_args = serde_json::json!([
-        format!("--upstream=http://{NODE_IP}:{FAKE_GCS_PORT}"),
-        "--no-auth",
-    ]);
+    let dir = tempfile::tempdir()?;
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, values_file(mock_port))
+        .with_context(|| format!("cannot write {}", values.display()))?;
     let args: Vec<String> = vec![
         "install".into(),
         RELEASE.into(),
@@ -170,18 +189,8 @@ async fn helm_install(node: &Node, mock_port: u16) -> Result<()> {
         "--create-namespace".into(),
         "--kubeconfig".into(),
         node.kubeconfig_path().display().to_string(),
-        "--set".into(),
-        "defaultProject=bucketmap-node".into(),
-        "--set".into(),
-        "serviceAccount.gcpServiceAccount=".into(),
-        "--set".into(),
-        "workloadIdentity.pool=bucketmap-node.svc.id.goog".into(),
-        "--set".into(),
-        "workloadIdentity.projectNumber=123456789".into(),
-        "--set-json".into(),
-        format!("extraArgs={operator_args}"),
-        "--set-json".into(),
-        format!("sidecar.extraArgs={sidecar_args}"),
+        "-f".into(),
+        values.display().to_string(),
         "--wait".into(),
         "--timeout".into(),
         "5m".into(),

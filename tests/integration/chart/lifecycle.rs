@@ -507,3 +507,227 @@ async fn without_crds_keep_the_uninstall_deletes_the_crd_and_every_gcs() -> Test
     );
     Ok(())
 }
+
+/// A GCP project number: twelve digits, which a float64 prints in
+/// exponent form (issue 62).
+const PROJECT_NUMBER: &str = "123456789012";
+
+/// The values a platform team keeps in Git, numbers unquoted.
+const VALUES_FILE: &str = "serviceAccount:\n  gcpServiceAccount: \"\"\nworkloadIdentity:\n  \
+                           pool: acme.svc.id.goog\n  projectNumber: 123456789012\nreplicas: 3\n";
+
+/// The Workload Identity project number the installed Deployment gives
+/// the operator.
+async fn deployed_project_number(kubeconfig: &str) -> anyhow::Result<String> {
+    let deploy = get_json(
+        kubeconfig,
+        &["deployment", "-n", NAMESPACE, "bucketmap-operator"],
+    )
+    .await?;
+    deploy
+        .pointer("/spec/template/spec/containers/0/env")
+        .and_then(Value::as_array)
+        .and_then(|env| {
+            env.iter()
+                .find(|e| e["name"] == "BUCKETMAP_WORKLOAD_IDENTITY_PROJECT_NUMBER")
+        })
+        .and_then(|e| e["value"].as_str())
+        .map(str::to_owned)
+        .with_context(|| {
+            format!(
+                "the Deployment gives no project number: {:#}",
+                deploy["spec"]["template"]
+            )
+        })
+}
+
+/// What the operator binary says when started with `project_number` as the
+/// chart passes it (its environment) and no cluster: it reads its
+/// arguments first, then fails to reach the API server, so its error
+/// says whether it accepted them.
+async fn operator_start_error(project_number: &str) -> anyhow::Result<String> {
+    let dir = tempfile::tempdir()?;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bucketmap"))
+        .arg("operator")
+        .env_clear()
+        .env("HOME", dir.path())
+        .env("KUBECONFIG", dir.path().join("absent"))
+        .env("BUCKETMAP_WORKLOAD_IDENTITY_POOL", "acme.svc.id.goog")
+        .env("BUCKETMAP_WORKLOAD_IDENTITY_PROJECT_NUMBER", project_number)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("cannot run the operator binary")?;
+    anyhow::ensure!(!out.status.success(), "the operator ran without a cluster");
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The project number is installed, and accepted by the operator, as the
+/// digits it is.
+async fn check_project_number(kubeconfig: &str, step: &str) -> TestResult {
+    let number = deployed_project_number(kubeconfig).await?;
+    assert_eq!(number, PROJECT_NUMBER, "after {step}");
+    let error = operator_start_error(&number).await?;
+    assert!(
+        error.contains("cannot reach the Kubernetes API") && !error.contains("invalid value"),
+        "after {step}, the operator refuses its project number {number}:\n{error}"
+    );
+    Ok(())
+}
+
+/// `helm get manifest`: the objects the release holds, as rendered.
+async fn manifest(helm: &Path, kubeconfig: &str) -> anyhow::Result<String> {
+    helm_cmd(
+        helm,
+        kubeconfig,
+        &["get", "manifest", RELEASE, "-n", NAMESPACE],
+    )
+    .await
+}
+
+/// The platform team's round trip (issue 62): chart 0.1.0 installed with
+/// `--set`, upgraded keeping those values (`--reset-then-reuse-values`:
+/// `--reuse-values` would keep 0.1.0's defaults too), its values saved
+/// with `helm get values`, uninstalled, installed again from that file,
+/// upgraded with `--reuse-values` and with the team's own values file. Helm stores the
+/// values as JSON, so every step after the first hands the chart the
+/// project number as a float64; the Deployment keeps its digits, the
+/// operator accepts them, and nothing kept is replaced.
+#[tokio::test]
+async fn values_from_a_file_and_helm_get_values_install_the_same_digits() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let previous = previous_chart(dir.path()).await?;
+    let previous = path_str(&previous)?.to_owned();
+    let chart = chart_dir();
+    let helm = helm().await?;
+    let env = bucketmap_testkit::testenv::TestEnv::start().await?;
+    let k = kubeconfig_arg(&env)?;
+
+    // The control: the operator refuses the number as a float64 prints it.
+    let error = operator_start_error("1.23456789012e+11").await?;
+    assert!(
+        error.contains("invalid value '1.23456789012e+11'")
+            && error.contains("--workload-identity-project-number"),
+        "{error}"
+    );
+
+    let number = format!("workloadIdentity.projectNumber={PROJECT_NUMBER}");
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "install",
+            RELEASE,
+            &previous,
+            "-n",
+            NAMESPACE,
+            "--create-namespace",
+            "--set",
+            "serviceAccount.gcpServiceAccount=",
+            "--set",
+            "workloadIdentity.pool=acme.svc.id.goog",
+            "--set",
+            &number,
+        ],
+    )
+    .await?;
+    check_project_number(&k, "installing 0.1.0 with --set").await?;
+    create_kept(&k).await?;
+    let before = uids(&k).await?;
+    for command in adoption_commands()? {
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        kubectl_ok(&k, &args, "").await?;
+    }
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "-n",
+            NAMESPACE,
+            "--reset-then-reuse-values",
+        ],
+    )
+    .await?;
+    check_project_number(&k, "the upgrade from 0.1.0").await?;
+
+    let saved = helm_cmd(
+        &helm,
+        &k,
+        &["get", "values", RELEASE, "-n", NAMESPACE, "-o", "yaml"],
+    )
+    .await?;
+    assert!(
+        saved.contains(&format!("projectNumber: {PROJECT_NUMBER}\n")),
+        "helm get values:\n{saved}"
+    );
+    let saved_file = dir.path().join("saved-values.yaml");
+    std::fs::write(&saved_file, &saved)?;
+    let saved_file = path_str(&saved_file)?;
+    let objects_before = manifest(&helm, &k).await?;
+
+    helm_cmd(&helm, &k, &["uninstall", RELEASE, "-n", NAMESPACE]).await?;
+    assert_eq!(uids(&k).await?, before, "the uninstall deleted an object");
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "install", RELEASE, &chart, "-n", NAMESPACE, "-f", saved_file,
+        ],
+    )
+    .await?;
+    assert_eq!(uids(&k).await?, before, "the reinstall replaced an object");
+    check_project_number(&k, "reinstalling from helm get values").await?;
+    assert_eq!(
+        manifest(&helm, &k).await?,
+        objects_before,
+        "the reinstall from the saved values installed other objects"
+    );
+    let saved_again = helm_cmd(
+        &helm,
+        &k,
+        &["get", "values", RELEASE, "-n", NAMESPACE, "-o", "yaml"],
+    )
+    .await?;
+    assert_eq!(
+        saved_again, saved,
+        "helm get values changed in the round trip"
+    );
+
+    let reuse = [
+        "upgrade",
+        RELEASE,
+        &chart,
+        "-n",
+        NAMESPACE,
+        "--reuse-values",
+    ];
+    helm_cmd(&helm, &k, &reuse).await?;
+    check_project_number(&k, "helm upgrade --reuse-values").await?;
+    assert_eq!(manifest(&helm, &k).await?, objects_before);
+
+    let team_file = dir.path().join("values.yaml");
+    std::fs::write(&team_file, VALUES_FILE)?;
+    helm_cmd(
+        &helm,
+        &k,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "-n",
+            NAMESPACE,
+            "-f",
+            path_str(&team_file)?,
+        ],
+    )
+    .await?;
+    check_project_number(&k, "helm upgrade -f with the team's values file").await?;
+    let deploy = get_json(&k, &["deployment", "-n", NAMESPACE, "bucketmap-operator"]).await?;
+    assert_eq!(deploy["spec"]["replicas"], 3);
+    assert_eq!(uids(&k).await?, before, "the upgrade replaced an object");
+    Ok(())
+}

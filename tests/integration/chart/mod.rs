@@ -10,8 +10,9 @@
 //!   `--set-string` and `--set-json`, or the schema refuses the form and
 //!   says why;
 //! - `lifecycle`: an upgrade from the previous chart version, uninstall and
-//!   reinstall keep the CRD and every `Gcs` (their uids do not change), and
-//!   the webhooks' failure policies behave as documented while no replica
+//!   reinstall keep the CRD and every `Gcs` (their uids do not change), also
+//!   when the values go through a file and `helm get values`, and the
+//!   webhooks' failure policies behave as documented while no replica
 //!   serves them;
 //! - `monitoring`: the alerts and the dashboard use metrics the code
 //!   exports, and every alert's runbook exists.
