@@ -22,11 +22,13 @@ const HELM_ONLY_LABELS: &[&str] = &[
 ];
 
 /// Annotations only Helm sets: its release's, and the CRD's resource policy
-/// (kubectl has no such policy: deploy/crd/ is a base of its own instead).
+/// with Argo CD's equivalent (kubectl has no such policy: deploy/crd/ is a
+/// base of its own instead).
 const HELM_ONLY_ANNOTATIONS: &[&str] = &[
     "meta.helm.sh/release-name",
     "meta.helm.sh/release-namespace",
     "helm.sh/resource-policy",
+    "argocd.argoproj.io/sync-options",
 ];
 
 /// Removes the given keys from the map at `path` in `obj`, and the map too if
@@ -155,6 +157,14 @@ async fn the_crd_template_renders_the_generated_crd_kept_on_uninstall() -> TestR
         "{:#}",
         crd["metadata"]
     );
+    // Argo CD applies the rendering itself: it keeps the CRD on the
+    // Application's deletion and when the CRD leaves the rendering.
+    assert_eq!(
+        crd.pointer("/metadata/annotations/argocd.argoproj.io~1sync-options"),
+        Some(&json!("Delete=false,Prune=false")),
+        "{:#}",
+        crd["metadata"]
+    );
     for (label, value) in file["metadata"]["labels"]
         .as_object()
         .context("the generated CRD has no labels")?
@@ -172,8 +182,7 @@ async fn the_crd_template_renders_the_generated_crd_kept_on_uninstall() -> TestR
     )?;
     let crd = get(&not_kept, "CustomResourceDefinition", CRD_NAME)?;
     assert!(
-        crd.pointer("/metadata/annotations/helm.sh~1resource-policy")
-            .is_none(),
+        crd.pointer("/metadata/annotations").is_none(),
         "{:#}",
         crd["metadata"]
     );
