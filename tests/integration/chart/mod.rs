@@ -9,6 +9,8 @@
 //! - `forms`: every value renders the same from a values file, `--set`,
 //!   `--set-string` and `--set-json`, or the schema refuses the form and
 //!   says why;
+//! - `gitops`: the same values render the same bytes every time, and the
+//!   Argo CD and Flux examples carry values the chart installs;
 //! - `lifecycle`: an upgrade from the previous chart version, uninstall and
 //!   reinstall keep the CRD and every `Gcs` (their uids do not change), also
 //!   when the values go through a file and `helm get values`, and the
@@ -26,6 +28,7 @@
 #![allow(clippy::too_many_lines)]
 
 mod forms;
+mod gitops;
 mod lifecycle;
 mod monitoring;
 mod render;

@@ -773,7 +773,8 @@ async fn every_value_combination_renders_objects_the_api_server_accepts() -> Tes
     let everything = dir.path().join("everything.yaml");
     std::fs::write(&everything, EVERYTHING)?;
     let everything = path_str(&everything)?;
-    let combinations: [(&str, Vec<&str>, Check); 4] = [
+    let gitops = super::gitops::write_example_values(dir.path())?;
+    let combinations: [(&str, Vec<&str>, Check); 5] = [
         ("defaults", vec![], check_defaults),
         (
             "everything enabled",
@@ -792,6 +793,15 @@ async fn every_value_combination_renders_objects_the_api_server_accepts() -> Tes
             );
             Ok(())
         }),
+        (
+            "the GitOps examples' values (examples/gitops/)",
+            vec!["-f", &gitops],
+            |objs| {
+                get(objs, "ServiceMonitor", "bucketmap")?;
+                get(objs, "PrometheusRule", "bucketmap")?;
+                Ok(())
+            },
+        ),
     ];
     for (what, values, check) in &combinations {
         let mut lint = vec!["lint", "--strict", "--namespace", NAMESPACE];
