@@ -123,7 +123,8 @@ pub struct OperatorArgs {
     #[arg(long)]
     leader_elect: bool,
     /// The operator's namespace: of the leader election Lease, the webhook's
-    /// Secret and the cluster identity's ConfigMap.
+    /// Secret, the cluster identity's ConfigMap and the places of the
+    /// namespaces whose buckets the tenancy policy limits.
     #[arg(long, env = "POD_NAMESPACE", default_value = "bucketmap-system")]
     leader_election_namespace: String,
     /// Name of the leader election Lease.
@@ -270,6 +271,7 @@ fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
                 project_number,
             }),
         tenancy: Arc::new(args.tenancy_policy.clone().unwrap_or_default()),
+        operator_namespace: args.leader_election_namespace.clone(),
     }
 }
 

@@ -20,6 +20,12 @@ pub const GROUP: &str = "storage.bucketmap.dev";
 /// Finalizer that protects the bucket while the resource exists.
 pub const FINALIZER: &str = "storage.bucketmap.dev/finalizer";
 
+/// Annotation that asks for a reconcile now rather than at the next
+/// resync: any new value (a timestamp, say) makes the operator check the
+/// bucket at once, and `status.lastHandledReconcileAt` takes the value
+/// once it did (as Flux's `reconcile.fluxcd.io/requestedAt`).
+pub const RECONCILE_REQUEST_ANNOTATION: &str = "bucketmap.dev/reconcile-requested-at";
+
 /// A Google Cloud Storage bucket, declared by its logical name.
 ///
 /// The operator creates a globally unique physical bucket
@@ -956,6 +962,11 @@ pub struct GcsStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The value of the annotation `bucketmap.dev/reconcile-requested-at`
+    /// that the latest reconcile handled: when it equals the annotation,
+    /// the bucket was checked after the request (`Ready` says how it went).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handled_reconcile_at: Option<String>,
 }
 
 /// A grant the operator made: an IAM member and a role on the bucket.

@@ -121,6 +121,10 @@ pub enum Error {
     /// expected now and then, retried quietly.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A write computed from an old view of the object was refused by its
+    /// precondition: the reconcile runs again from the live object.
+    #[error("stale view: {0}")]
+    Stale(String),
 }
 
 impl Error {
@@ -135,6 +139,7 @@ impl Error {
             Error::Publish(_) => "publish".into(),
             Error::BindingNotOwned(_) => "binding_not_owned".into(),
             Error::Conflict(_) => "conflict".into(),
+            Error::Stale(_) => "stale".into(),
         }
     }
 
@@ -143,7 +148,7 @@ impl Error {
     /// debug level and not counted as a failed reconcile.
     pub fn is_expected_conflict(&self) -> bool {
         match self {
-            Error::Conflict(_) => true,
+            Error::Conflict(_) | Error::Stale(_) => true,
             Error::Kube {
                 source: kube::Error::Api(status),
                 ..

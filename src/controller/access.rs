@@ -159,7 +159,7 @@ pub(super) async fn grant_access(
     let edit = match write_grants(ctx, physical, &desired, &previous).await {
         Ok(edit) => edit,
         Err(e) => {
-            status.condition(ACCESS, Some((false, failure_reason(&e), e.to_string())));
+            status.condition(ACCESS, Some(write_failed(&resolution, &e)));
             return Err(e);
         }
     };
@@ -172,6 +172,33 @@ pub(super) async fn grant_access(
         report(obj, ctx, status, physical, &resolution);
     }
     Ok(())
+}
+
+/// Reports the grants of `spec.access` that the namespace may not make in
+/// the `Access` condition, before any GCS call: the refusal depends only
+/// on the spec and the namespace, so it shows even while GCS is
+/// unreachable or refuses to let the policy be read.
+pub(super) fn report_refusals(obj: &Gcs, ctx: &Context, status: &mut StatusWriter<'_>) {
+    if obj.spec.access.is_empty() {
+        return;
+    }
+    let resolution = resolve_with_caches(obj, ctx);
+    if !resolution.refused.is_empty() {
+        // Refused: the message names no bucket, so the later report
+        // finds it unchanged and warns only once.
+        set_condition(obj, ctx, status, condition_of(&resolution, ""));
+    }
+}
+
+/// The `Access` condition after the policy write failed with `error`: a
+/// refusal stays the reason, the failure is added to it.
+fn write_failed(resolution: &Resolution, error: &Error) -> (bool, &'static str, String) {
+    if resolution.refused.is_empty() {
+        return (false, failure_reason(error), error.to_string());
+    }
+    let refused = resolution.refused.join("; ");
+    let message = format!("{refused}; the grants allowed could not be written: {error}");
+    (false, reason::ACCESS_NOT_ALLOWED, message)
 }
 
 /// The reason of a condition (`Access`, `Notifications`) whose GCS calls
@@ -276,7 +303,12 @@ fn report(
     physical: &str,
     resolution: &Resolution,
 ) {
-    let (ok, why, message) = if !resolution.refused.is_empty() {
+    set_condition(obj, ctx, status, condition_of(resolution, physical));
+}
+
+/// The `Access` condition of `resolution` on bucket `physical`.
+fn condition_of(resolution: &Resolution, physical: &str) -> (bool, &'static str, String) {
+    if !resolution.refused.is_empty() {
         let mut all = resolution.refused.clone();
         all.extend(resolution.pending.iter().cloned());
         (false, reason::ACCESS_NOT_ALLOWED, all.join("; "))
@@ -290,7 +322,16 @@ fn report(
             .collect();
         let message = format!("Bucket {physical}: {}", list.join(", "));
         (true, reason::ACCESS_GRANTED, message)
-    };
+    }
+}
+
+/// Sets the `Access` condition, with a warning when a failure is new.
+fn set_condition(
+    obj: &Gcs,
+    ctx: &Context,
+    status: &mut StatusWriter<'_>,
+    (ok, why, message): (bool, &'static str, String),
+) {
     let unchanged = status
         .current(ACCESS)
         .is_some_and(|c| c.reason == why && c.message == message);

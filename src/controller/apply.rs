@@ -55,9 +55,7 @@ pub(super) async fn apply(
     phase!(Box::pin(validate(&obj, ctx, status)).await?);
     let (project, default_project) =
         phase!(Box::pin(resolve_project(&obj, ctx, status, slot)).await?);
-    // Held, when the namespace's buckets are counted, until this one's
-    // name is recorded: a count made meanwhile would miss it.
-    let counted = phase!(
+    phase!(
         Box::pin(check_policy(
             &obj,
             ctx,
@@ -67,6 +65,8 @@ pub(super) async fn apply(
         ))
         .await?
     );
+    // Before any GCS call: it must show while GCS fails.
+    super::access::report_refusals(&obj, ctx, status);
     let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
     let identity = Identity {
         cluster: &ctx.config.cluster_id,
@@ -79,10 +79,8 @@ pub(super) async fn apply(
         uid: obj.uid(),
         desired: Settings::desired(&obj.spec, &identity.labels()),
         identity,
-        name_first: counted.is_some(),
     };
     let (bucket, adopted_now) = phase!(Box::pin(ensure_bucket_phase(ctx, status, &request)).await?);
-    drop(counted);
     Box::pin(correct_drift(ctx, status, &request, &bucket, adopted_now)).await?;
     phase!(publish(ctx, status, slot, &request, &bucket.bucket_id).await?);
     mark_ready(status, &bucket.bucket_id, &project);
@@ -175,28 +173,23 @@ fn required_project(
 }
 
 /// Phase 3: the tenancy policy allows the resource. Before the bucket
-/// exists, the namespace's resources are counted against its limit; after,
-/// the rest is still checked (a spec changed to a class the policy does not
-/// allow is refused), but nothing is ever deleted for it.
+/// exists, it takes one of the namespace's places (module `places`) when
+/// the policy limits them; after, the rest is still checked (a spec
+/// changed to a class the policy does not allow is refused), but nothing
+/// is ever deleted for it.
 async fn check_policy(
     obj: &Gcs,
     ctx: &Context,
     status: &mut StatusWriter<'_>,
     project: &str,
     default_project: Option<&str>,
-) -> Result<ControlFlow<Action, Option<CountGuard>>> {
+) -> Result<ControlFlow<Action>> {
     let ns = obj.namespace().unwrap_or_default();
     let labels = ctx
         .namespaces
         .get(&ObjectRef::new(&ns))
         .map(|meta| meta.labels().clone())
         .unwrap_or_default();
-    let counted = if status.status.bucket_full_name.is_none() && ctx.config.tenancy.limits_count() {
-        Some(count_buckets(obj, ctx, &ns).await?)
-    } else {
-        None
-    };
-    let (guard, buckets) = counted.unzip();
     let request = crate::tenancy::Request {
         namespace: &ns,
         namespace_labels: &labels,
@@ -205,10 +198,22 @@ async fn check_policy(
         storage_class: obj.spec.storage_class.as_gcs(),
         location: &obj.spec.location,
         force_destroy: obj.spec.force_destroy,
-        buckets,
+        buckets: None,
     };
-    match ctx.config.tenancy.allows(&request) {
-        Ok(()) => Ok(ControlFlow::Continue(guard)),
+    let policy = &ctx.config.tenancy;
+    let mut decision = policy.allows(&request);
+    if decision.is_ok() && status.status.bucket_full_name.is_none() && policy.limits_count() {
+        let decide = |buckets| {
+            let counted = crate::tenancy::Request {
+                buckets: Some(buckets),
+                ..request.clone()
+            };
+            policy.allows(&counted)
+        };
+        decision = super::places::take_place(ctx, obj, decide).await?;
+    }
+    match decision {
+        Ok(()) => Ok(ControlFlow::Continue(())),
         Err(refusal) => {
             status
                 .not_ready(reason::NOT_ALLOWED_BY_POLICY, refusal.0)
@@ -216,44 +221,6 @@ async fn check_policy(
             Ok(ControlFlow::Break(in_sync()))
         }
     }
-}
-
-/// A namespace's count lock ([`super::CountLocks`]).
-type CountGuard = tokio::sync::OwnedMutexGuard<()>;
-
-/// Takes namespace `ns`'s count lock and counts its buckets as if `obj`
-/// got its own now ([`buckets_with`]).
-async fn count_buckets(obj: &Gcs, ctx: &Context, ns: &str) -> Result<(CountGuard, usize)> {
-    let guard = ctx.count_locks.lock(ns).await;
-    let api: kube::Api<Gcs> = kube::Api::namespaced(ctx.client.clone(), ns);
-    let list = api
-        .list(&kube::api::ListParams::default())
-        .await
-        .map_err(|source| crate::Error::Kube {
-            action: format!("count the Gcs resources of namespace {ns}"),
-            source,
-        })?;
-    Ok((guard, buckets_with(obj, &list.items)))
-}
-
-/// How many buckets the namespace would have if `obj` got its own now:
-/// the resources that have one, those without one that come before `obj`
-/// (created earlier, or at the same second with a smaller name; deleting
-/// ones never get one), and `obj`. Every reconcile ranks the same way, so
-/// that two resources that race for the last free place never both take
-/// it, and the older one gets it rather than neither.
-fn buckets_with(obj: &Gcs, all: &[Gcs]) -> usize {
-    let rank = |g: &Gcs| (g.metadata.creation_timestamp.clone(), g.name_any());
-    let mine = rank(obj);
-    let counted = all.iter().filter(|g| {
-        let has_bucket = g
-            .status
-            .as_ref()
-            .is_some_and(|s| s.bucket_full_name.is_some());
-        let waits_before = g.metadata.deletion_timestamp.is_none() && rank(g) < mine;
-        g.uid() != obj.uid() && (has_bucket || waits_before)
-    });
-    counted.count() + 1
 }
 
 /// The project annotation of namespace `ns` as the cache holds it, when
@@ -355,9 +322,6 @@ struct BucketRequest<'a> {
     desired: Settings,
     /// The owner: cluster identity, namespace, name.
     identity: Identity<'a>,
-    /// Write the name to the status before creating the bucket (the
-    /// namespace's buckets are counted: the next count must see it).
-    name_first: bool,
 }
 
 impl BucketRequest<'_> {
@@ -528,7 +492,7 @@ async fn announce_candidate(
 ) -> Result<()> {
     let project = request.project;
     status.name(physical, project, attempt);
-    if attempt > 0 || request.name_first || !ctx.pacer.is_free(project) {
+    if attempt > 0 || !ctx.pacer.is_free(project) {
         if status.status.create_time.is_none() {
             status.ready(
                 false,
@@ -536,7 +500,10 @@ async fn announce_candidate(
                 format!("Creating bucket {physical} in project {project}"),
             );
         }
+        // Conditional: refused if the view this decision came from is old.
         status.flush().await?;
+    } else {
+        status.confirm_current().await?;
     }
     Ok(())
 }
@@ -658,6 +625,8 @@ async fn adopt_bucket(
         refuse_adoption(ctx, status, request, message);
         return Ok(None);
     }
+    // A view from before an earlier adoption would adopt again.
+    status.confirm_current().await?;
     info!(bucket = %physical, project, was, "adopting bucket");
     status.name(physical, project, 0);
     status.created_now();
@@ -1077,53 +1046,5 @@ mod tests {
         );
         assert!(next_attempt("b-0", 0, 0).is_err());
         assert!(next_attempt("b", u32::MAX, u32::MAX).is_err());
-    }
-
-    /// A Gcs named `name`, created at second `at`, with a bucket or not.
-    fn gcs_at(name: &str, at: i64, bucket: bool, deleting: bool) -> Gcs {
-        let time = |s: i64| format!("2026-01-01T00:00:{s:02}Z");
-        let mut g: Gcs = serde_json::from_value(serde_json::json!({
-            "apiVersion": "storage.bucketmap.dev/v1alpha1", "kind": "Gcs",
-            "metadata": {"name": name, "namespace": "ns", "uid": name, "creationTimestamp": time(at)},
-            "spec": {"bucketName": name},
-        }))
-        .expect("a valid Gcs");
-        if bucket {
-            g.status = Some(crate::crd::GcsStatus {
-                bucket_full_name: Some(format!("{name}-k3x9q2mw")),
-                ..Default::default()
-            });
-        }
-        if deleting {
-            g.metadata.deletion_timestamp =
-                serde_json::from_value(serde_json::json!(time(59))).ok();
-        }
-        g
-    }
-
-    #[test]
-    fn the_older_of_two_racing_resources_takes_the_last_place() {
-        let all = [
-            gcs_at("a", 1, true, false),
-            gcs_at("z", 9, true, false),
-            gcs_at("d", 5, false, false),
-            gcs_at("e", 5, false, false),
-            gcs_at("gone", 2, false, true),
-        ];
-        let count = |name: &str| {
-            let me = all.iter().find(|g| g.name_any() == name).expect("listed");
-            buckets_with(me, &all)
-        };
-        // a and z have buckets (z though younger); d ranks before e by name;
-        // a deleting resource without a bucket never takes a place.
-        assert_eq!(count("d"), 3);
-        assert_eq!(count("e"), 4);
-        assert_eq!(count("gone"), 3, "it counts itself, not itself twice");
-        // With a limit of 3, d gets the last place and e waits; once d has
-        // its bucket, e still counts it: the total never exceeds the limit.
-        let mut after = all.clone();
-        after[2] = gcs_at("d", 5, true, false);
-        let e = &after[3];
-        assert_eq!(buckets_with(e, &after), 4);
     }
 }

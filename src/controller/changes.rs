@@ -1,6 +1,8 @@
 //! Which watch events of a resource call for a reconcile: a new resource,
 //! a spec change or a deletion (both bump `metadata.generation`) and a
-//! change of its finalizers. Its own status writes do not.
+//! change of its finalizers, and a reconcile requested through the
+//! annotation `bucketmap.dev/reconcile-requested-at`. Its own status
+//! writes do not.
 //!
 //! kube-runtime's `predicate_filter` decides the same, but keeps a table of
 //! every object's name, namespace and uid beside the reflector's store,
@@ -16,11 +18,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Resource, ResourceExt};
 
-use super::status::CreatedBuckets;
-use crate::crd::Gcs;
+use super::status::OwnWrites;
+use crate::crd::{Gcs, RECONCILE_REQUEST_ANNOTATION};
 
 /// Writes each event of `events` to the cache behind `writer` (as
-/// kube-runtime's `reflect` does), tells `created` what the cache now
+/// kube-runtime's `reflect` does), tells `own_writes` what the cache now
 /// shows, and yields the applied resources that
 /// call for a reconcile, judged against the version `cache` held before.
 ///
@@ -33,7 +35,7 @@ pub(super) fn reflect_changes(
     events: impl Stream<Item = Result<Event<Gcs>, watcher::Error>>,
     mut writer: Writer<Gcs>,
     cache: Store<Gcs>,
-    created: Arc<CreatedBuckets>,
+    own_writes: Arc<OwnWrites>,
 ) -> impl Stream<Item = Result<Gcs, watcher::Error>> {
     events
         .map_ok(move |event| {
@@ -42,7 +44,7 @@ pub(super) fn reflect_changes(
                 Event::Delete(_) | Event::Init | Event::InitDone => false,
             };
             writer.apply_watcher_event(&event);
-            created.seen(&event);
+            own_writes.seen(&event, &cache);
             match event {
                 Event::Apply(mut obj) | Event::InitApply(mut obj) if wanted => {
                     obj.metadata.uid = None;
@@ -56,14 +58,17 @@ pub(super) fn reflect_changes(
 }
 
 /// Whether `obj` is new to `cache` (or a new object under an old name), or
-/// differs from the cached version in generation or finalizers.
+/// differs from the cached version in generation, finalizers or the
+/// reconcile request annotation.
 fn calls_for_reconcile(cache: &Store<Gcs>, obj: &Gcs) -> bool {
     let Some(old) = cache.get(&ObjectRef::from_obj(obj)) else {
         return true;
     };
+    let requested = |g: &Gcs| g.annotations().get(RECONCILE_REQUEST_ANNOTATION).cloned();
     old.uid() != obj.uid()
         || old.meta().generation != obj.meta().generation
         || old.finalizers() != obj.finalizers()
+        || requested(&old) != requested(obj)
 }
 
 #[cfg(test)]
@@ -174,5 +179,23 @@ mod tests {
         .await;
         assert_eq!(out, ["a", "b", "b"]);
         assert_eq!(cache.state().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_new_reconcile_request_passes_and_the_same_one_again_does_not() {
+        let requested = |value: &str| {
+            let mut obj = gcs("a", "u1", 1, &[], true);
+            obj.annotations_mut()
+                .insert(RECONCILE_REQUEST_ANNOTATION.into(), value.into());
+            obj
+        };
+        let (out, _) = run(vec![
+            Event::Apply(gcs("a", "u1", 1, &[], true)),
+            Event::Apply(requested("2026-12-07T10:00:00Z")),
+            Event::Apply(requested("2026-12-07T10:00:00Z")),
+            Event::Apply(requested("2026-12-07T11:00:00Z")),
+        ])
+        .await;
+        assert_eq!(out, ["a", "a", "a"]);
     }
 }

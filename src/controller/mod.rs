@@ -21,6 +21,7 @@ mod fast_tests;
 mod finalizer;
 mod namespaces;
 mod notifications;
+mod places;
 mod resync;
 mod scope;
 mod status;
@@ -51,6 +52,7 @@ use crate::publish::CachedBinding;
 use crate::slots::Slots;
 use crate::{Error, Result};
 
+pub use places::{PLACES_PREFIX, places_name};
 pub use watches::run;
 
 pub use crate::FIELD_MANAGER;
@@ -97,6 +99,9 @@ pub struct OperatorConfig {
     /// Which namespaces may use which projects, classes, locations
     /// ([`crate::tenancy`]).
     pub tenancy: Arc<crate::tenancy::Policy>,
+    /// The operator's own namespace: where the places of namespaces whose
+    /// buckets the tenancy policy limits are kept (module `places`).
+    pub operator_namespace: String,
 }
 
 impl Default for OperatorConfig {
@@ -118,6 +123,7 @@ impl Default for OperatorConfig {
             map_writers: bucket_map::DEFAULT_WRITERS,
             workload_identity: None,
             tenancy: Arc::default(),
+            operator_namespace: "bucketmap-system".to_owned(),
         }
     }
 }
@@ -163,13 +169,13 @@ pub struct Context {
     /// and identities can be resolved.
     namespaces_synced: Arc<AtomicBool>,
     failures: FailureCounts,
-    /// Buckets recorded as created that the resource cache may not show yet.
-    created: Arc<status::CreatedBuckets>,
+    /// This process's status writes the resource cache may not show yet.
+    own_writes: Arc<status::OwnWrites>,
     /// Reconciles doing work at once (waiting for a map write does not count).
     slots: Slots,
-    /// Per namespace, held from counting its buckets against the tenancy
-    /// policy's limit until the new bucket's name is in the status, where
-    /// the next count sees it (`apply::check_policy`).
+    /// Per namespace, held while a resource takes one of its places
+    /// (module `places`), so that this process never conflicts with itself
+    /// there: the API server serializes the replicas.
     count_locks: CountLocks,
 }
 
@@ -207,15 +213,68 @@ pub async fn reconcile(obj: Arc<Gcs>, ctx: Arc<Context>) -> Result<Action> {
     result
 }
 
+/// How many times one reconcile runs: once from the cache, then again
+/// from the live object each time a status write finds that the object
+/// changed under it. More is requeued with backoff.
+const MAX_RUNS: u32 = 3;
+
 async fn reconcile_one(obj: &Arc<Gcs>, ctx: &Arc<Context>) -> Result<Action> {
     let ns = obj
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<Gcs> = Api::namespaced(ctx.client.clone(), &ns);
     let mut slot = ctx.slots.acquire().await?;
-    let mut status = status::StatusWriter::new(obj, ctx);
-    let (writer, context, held) = (&mut status, &**ctx, &mut slot);
-    let result = finalizer::finalizer(&api, obj.clone(), move |event| async move {
+    let mut current = obj.clone();
+    if ctx.own_writes.behind(obj) {
+        debug!("the cache has not shown this process's last status write; reading the resource");
+        match read_live(&api, obj, ctx).await? {
+            Some(live) => current = live,
+            None => return Ok(Action::await_change()),
+        }
+    }
+    let mut run = 1;
+    loop {
+        let result = reconcile_from(&api, current.clone(), ctx, &mut slot).await;
+        match result {
+            Err(Error::Stale(why)) if run < MAX_RUNS => {
+                debug!(%why, run, "the resource changed under the reconcile; again from the live object");
+                match read_live(&api, &current, ctx).await? {
+                    Some(live) => current = live,
+                    None => return Ok(Action::await_change()),
+                }
+                run += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `obj` as the API server holds it now (`None`: gone), telling the
+/// expectations ([`status::OwnWrites`]) what the cache missed.
+async fn read_live(api: &Api<Gcs>, cached: &Gcs, ctx: &Context) -> Result<Option<Arc<Gcs>>> {
+    let name = cached.name_any();
+    let live = api
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("read Gcs {name}")))?;
+    let live = live.filter(|g| g.uid() == cached.uid());
+    if let Some(live) = &live {
+        ctx.own_writes.read_live(cached, live);
+    }
+    Ok(live.map(Arc::new))
+}
+
+/// One run of the reconcile from `obj`: the status it computes is written
+/// only while the object is still at `obj`'s resourceVersion.
+async fn reconcile_from(
+    api: &Api<Gcs>,
+    obj: Arc<Gcs>,
+    ctx: &Arc<Context>,
+    slot: &mut crate::slots::Slot,
+) -> Result<Action> {
+    let mut status = status::StatusWriter::new(&obj, ctx);
+    let (writer, context, held) = (&mut status, &**ctx, slot);
+    let result = finalizer::finalizer(api, obj.clone(), move |event| async move {
         match event {
             finalizer::Event::Apply(g) => apply::apply(g, context, writer, held).await,
             // Boxed: see `apply` (a reconcile's future is as large as its
@@ -227,8 +286,8 @@ async fn reconcile_one(obj: &Arc<Gcs>, ctx: &Arc<Context>) -> Result<Action> {
     })
     .await;
     match &result {
-        Ok(_) => ctx.failures.forget(&ObjectRef::from_obj(&**obj)),
-        Err(e) => Box::pin(status::report_failure(obj, ctx, &mut status, e)).await,
+        Ok(_) => ctx.failures.forget(&ObjectRef::from_obj(&*obj)),
+        Err(e) => Box::pin(status::report_failure(&obj, ctx, &mut status, e)).await,
     }
     result
 }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::status::CreatedBuckets;
+use super::status::OwnWrites;
 use super::{Context, FailureCounts, OperatorConfig, error_policy, reconcile, scope};
 use crate::bucket_map::{BucketMaps, MapSettings, in_namespace};
 use crate::crd::Gcs;
@@ -60,8 +60,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (namespaces, ns_stream) = watch_namespaces(&client, &config);
-    let created = Arc::<CreatedBuckets>::default();
-    let (resources, gcs_stream) = watch_resources(&client, &config, created.clone());
+    let own_writes = Arc::<OwnWrites>::default();
+    let (resources, gcs_stream) = watch_resources(&client, &config, own_writes.clone());
     let (configmaps, secrets, cache_tasks) = watch_published(&client, &config);
     let (service_accounts, sa_stream) = watch_service_accounts(&client, &config);
     let concurrency = config.concurrency;
@@ -71,7 +71,7 @@ pub async fn run(
         configmaps,
         secrets,
         service_accounts: service_accounts.clone(),
-        created,
+        own_writes,
     };
     let (ctx, woken) = Context::build(client, gcs, metrics, config, stores, Arc::default());
     let triggers = Triggers {
@@ -135,7 +135,7 @@ fn watch_namespaces(
 fn watch_resources(
     client: &kube::Client,
     config: &OperatorConfig,
-    created: Arc<CreatedBuckets>,
+    own_writes: Arc<OwnWrites>,
 ) -> (
     Store<Gcs>,
     impl Stream<Item = Result<Gcs, watcher::Error>> + Send + 'static,
@@ -147,7 +147,7 @@ fn watch_resources(
         .modify(trim_for_cache::<Gcs>);
     // Status writes do not trigger reconciles; spec changes, deletion
     // (which bumps the generation) and finalizer changes do.
-    let stream = super::changes::reflect_changes(events, writer, reader.clone(), created);
+    let stream = super::changes::reflect_changes(events, writer, reader.clone(), own_writes);
     (reader, stream)
 }
 
@@ -326,8 +326,8 @@ pub(super) struct Stores {
     pub configmaps: Store<ConfigMap>,
     pub secrets: Store<CachedBinding>,
     pub service_accounts: Store<ServiceAccountMeta>,
-    /// Buckets recorded as created that the resource cache may not show yet.
-    pub created: Arc<CreatedBuckets>,
+    /// This process's status writes the resource cache may not show yet.
+    pub own_writes: Arc<OwnWrites>,
 }
 
 impl Context {
@@ -366,7 +366,7 @@ impl Context {
             service_accounts: stores.service_accounts,
             namespaces_synced: synced,
             failures: FailureCounts::default(),
-            created: stores.created,
+            own_writes: stores.own_writes,
             slots: Slots::new(config.concurrency),
             count_locks: super::CountLocks::default(),
             client,

@@ -136,6 +136,75 @@ async fn two_resources_racing_for_the_last_place_never_both_take_it() -> TestRes
     Ok(())
 }
 
+/// Two operators over one control plane and one GCS, each with caches of
+/// its own and no leader election between them (the worst case: a leader
+/// that stalled after counting and the replica that took over), reconcile
+/// resources created at once in a namespace limited to three buckets. The
+/// namespace's places (ConfigMap `bucketmap-places-<namespace>`) serialize
+/// them through the API server: at no moment are there more than three
+/// buckets, and exactly three resources get one.
+#[tokio::test]
+async fn two_operators_racing_at_the_limit_never_exceed_it() -> TestResult {
+    const LIMIT: usize = 3;
+    const RESOURCES: usize = 8;
+    let mut f = Fixture::new().await?;
+    f.config.tenancy = Arc::new(team_policy(&f.ns, LIMIT as u32)?);
+    f.start_operator().await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let second = f
+        .spawn_operator(f.env.client().await?, async {
+            let _ = stopped.await;
+        })
+        .await?;
+    let names: Vec<String> = (0..RESOURCES).map(|i| format!("race{i}")).collect();
+    let creates = names
+        .iter()
+        .map(|n| f.create(n, serde_json::json!({"bucketName": n})));
+    for created in futures::future::join_all(creates).await {
+        created?;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let mut most = 0;
+    loop {
+        let buckets = f.gcs.buckets().len();
+        most = most.max(buckets);
+        assert!(buckets <= LIMIT, "{buckets} buckets, more than {LIMIT}");
+        let mut reasons = Vec::new();
+        for name in &names {
+            let g = f.get(name).await?;
+            reasons.push(
+                g.ready_condition()
+                    .map(|c| c.reason.clone())
+                    .unwrap_or_default(),
+            );
+        }
+        let ready = reasons.iter().filter(|r| *r == "BucketReady").count();
+        let refused = reasons
+            .iter()
+            .filter(|r| *r == "NotAllowedByPolicy")
+            .count();
+        if ready == LIMIT && refused == RESOURCES - LIMIT {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "not settled: {reasons:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A while longer: the refused ones are reconciled again (resyncs), and
+    // neither operator lets one through.
+    for _ in 0..40 {
+        let buckets = f.gcs.buckets().len();
+        assert!(buckets <= LIMIT, "{buckets} buckets, more than {LIMIT}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(most, LIMIT);
+    let _ = stop.send(());
+    second.await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn without_a_rule_a_namespace_may_use_only_the_default_project() -> TestResult {
     let f = Fixture::started().await?;
@@ -202,6 +271,8 @@ fn operator_with_policy(
     Ok(common::webhooks::operator_with_webhooks(f, port, dir)
         .arg("--tenancy-policy")
         .arg(&file)
+        // Where the namespace's places are kept.
+        .env("POD_NAMESPACE", &f.config.operator_namespace)
         .spawn()?)
 }
 

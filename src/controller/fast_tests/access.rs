@@ -129,3 +129,51 @@ async fn reconcile_reports_a_refused_policy_write_in_the_access_condition() {
     let recorded = g.status.map(|s| s.access).unwrap_or_default();
     assert_eq!(recorded.len(), 1, "the intent is recorded before the write");
 }
+
+/// A grant the namespace may not make: a user outside the namespace.
+fn foreign_member() -> serde_json::Value {
+    json!({"member": "user:eve@example.com", "role": "objectViewer"})
+}
+
+#[tokio::test]
+async fn reconcile_reports_a_member_it_may_not_grant_while_gcs_is_unreachable() {
+    let h = Harness::new().await;
+    h.gcs.add_fault(Fault::any_method(Code::Unavailable));
+    h.create(
+        "photos",
+        json!({"bucketName": "photos", "access": [foreign_member()]}),
+    );
+    h.reconcile("photos").await.expect("the finalizer is added");
+    let outcome = h.reconcile("photos").await;
+    assert!(matches!(outcome, Err(crate::Error::Gcs(_))), "{outcome:?}");
+    let expected = ("False".to_owned(), reason::ACCESS_NOT_ALLOWED.to_owned());
+    assert_eq!(access(&h), Some(expected), "{:#?}", h.get("photos"));
+    h.event("photos", reason::ACCESS_NOT_ALLOWED).await;
+}
+
+#[tokio::test]
+async fn reconcile_reports_a_member_it_may_not_grant_when_the_policy_cannot_be_read() {
+    let h = Harness::new().await;
+    service_account(&h);
+    h.create("photos", spec());
+    h.reconcile_until_ready("photos").await;
+    h.gcs
+        .add_fault(Fault::new("GetIamPolicy", Code::PermissionDenied));
+    h.api.modify::<crate::crd::Gcs>(NS, "photos", |g| {
+        g["spec"]["access"] =
+            json!([{"serviceAccount": "app", "role": "objectUser"}, foreign_member()]);
+    });
+    let outcome = h.reconcile("photos").await;
+    assert!(matches!(outcome, Err(crate::Error::Gcs(_))), "{outcome:?}");
+    let g = h.get("photos").expect("the resource exists");
+    let c = condition(&g, ACCESS).expect("the Access condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", reason::ACCESS_NOT_ALLOWED)
+    );
+    assert!(
+        c.message.contains("user:eve@example.com") && c.message.contains("could not be written"),
+        "{}",
+        c.message
+    );
+}

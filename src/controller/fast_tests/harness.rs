@@ -54,7 +54,7 @@ pub(super) struct Harness {
     resources: Store<Gcs>,
     writers: Mutex<Writers>,
     _woken: mpsc::UnboundedReceiver<ObjectRef<Gcs>>,
-    _mock: MockGcs,
+    mock: Arc<MockGcs>,
 }
 
 /// The operator's settings in these tests: a default project, no pacing
@@ -77,6 +77,24 @@ impl Harness {
 
     pub async fn with_config(config: OperatorConfig) -> Harness {
         let mock = MockGcs::start().await.expect("the GCS mock starts");
+        let api = FakeApi::new();
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS},
+        }))
+        .expect("a namespace");
+        api.create(&namespace);
+        Self::over(api, Arc::new(mock), config).await
+    }
+
+    /// Another operator process over the same API server and GCS: another
+    /// replica after a leader change, or this one restarted. Its caches
+    /// and its memory of its own writes are its own.
+    pub async fn replica(&self) -> Harness {
+        let config = self.ctx.config.clone();
+        Self::over(self.api.clone(), self.mock.clone(), config).await
+    }
+
+    async fn over(api: FakeApi, mock: Arc<MockGcs>, config: OperatorConfig) -> Harness {
         let metrics = Arc::new(Metrics::default());
         let gcs_config = GcsConfig {
             endpoint: Some(mock.endpoint()),
@@ -85,12 +103,6 @@ impl Harness {
         let gcs = GcsClient::connect(&gcs_config, metrics.clone())
             .await
             .expect("a GCS client of the mock");
-        let api = FakeApi::new();
-        let namespace: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS},
-        }))
-        .expect("a namespace");
-        api.create(&namespace);
         let (resources, resources_w) = reflector::store();
         let (namespaces, namespaces_w) = reflector::store();
         let (configmaps, configmaps_w) = reflector::store();
@@ -102,7 +114,7 @@ impl Harness {
             configmaps,
             secrets,
             service_accounts,
-            created: Arc::default(),
+            own_writes: Arc::default(),
         };
         let (ctx, woken) = Context::without_watches(api.client(), gcs, metrics, config, stores);
         let writers = Writers {
@@ -119,7 +131,7 @@ impl Harness {
             resources,
             writers: Mutex::new(writers),
             _woken: woken,
-            _mock: mock,
+            mock,
         };
         harness.sync();
         harness
@@ -185,6 +197,20 @@ impl Harness {
             &mut w.service_accounts,
             self.api.list::<ServiceAccountMeta>(),
         );
+    }
+
+    /// Puts `obj`, an older version of a resource, in the resource cache,
+    /// as a watch that has not delivered the later ones holds it.
+    pub fn cache_as(&self, obj: Gcs) {
+        let mut obj = obj;
+        crate::controller::watches::trim_for_cache(&mut obj);
+        let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        w.resources.apply_watcher_event(&watcher::Event::Apply(obj));
+    }
+
+    /// Every stored version of `Gcs` `name`, oldest first.
+    pub fn versions(&self, name: &str) -> Vec<Gcs> {
+        self.api.versions(NS, name)
     }
 
     /// One reconcile of `name` as the controller runs it: caches synced,

@@ -1,6 +1,6 @@
 //! What the namespace, the tenancy policy and the map's budget allow.
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use serde_json::json;
 
 use super::harness::{self, Harness, NS, ready};
@@ -125,4 +125,47 @@ async fn reconcile_of_an_entry_the_map_has_no_room_for_reports_map_full() {
     assert_eq!(settle(&h, "photos").await, not_ready(reason::MAP_FULL));
     assert_eq!(h.gcs.buckets().len(), 1, "the bucket exists, unpublished");
     assert!(h.map().is_empty());
+}
+
+#[tokio::test]
+async fn reconcile_counts_again_when_another_replica_took_the_last_place_meanwhile() {
+    let policy: crate::tenancy::Policy = serde_json::from_value(json!({"rules": [
+        {"namespaces": [NS], "projects": [harness::PROJECT], "maxBucketsPerNamespace": 2},
+    ]}))
+    .expect("a policy");
+    let config = OperatorConfig {
+        tenancy: std::sync::Arc::new(policy),
+        ..harness::config()
+    };
+    let h = Harness::with_config(config).await;
+    h.create("photos", json!({"bucketName": "photos"}));
+    h.reconcile_until_ready("photos").await;
+    let videos = h.create("videos", json!({"bucketName": "videos"}));
+    let music = h.create("music", json!({"bucketName": "music"}));
+    let places = crate::controller::places_name(NS);
+    let operator_ns = h.ctx.config.operator_namespace.clone();
+    // Between this replica's count and its write, another takes the
+    // last place (a leader that stalled after counting, say).
+    let counts = std::cell::RefCell::new(Vec::new());
+    let decide = |buckets: usize| {
+        if counts.borrow().is_empty() {
+            let uid = videos.metadata.uid.clone().expect("a uid");
+            h.api.modify::<ConfigMap>(&operator_ns, &places, |cm| {
+                cm["data"][uid] = json!("videos")
+            });
+        }
+        counts.borrow_mut().push(buckets);
+        if buckets > 2 { Err(buckets) } else { Ok(()) }
+    };
+    let decision = crate::controller::places::take_place(&h.ctx, &music, decide).await;
+    assert_eq!(
+        decision.expect("no API error"),
+        Err(3),
+        "counted again, refused"
+    );
+    assert_eq!(*counts.borrow(), [2, 3], "the first write was refused");
+    let cm: ConfigMap = h.api.get(&operator_ns, &places).expect("the places");
+    let held: Vec<String> = cm.data.unwrap_or_default().into_values().collect();
+    assert_eq!(held.len(), 2, "photos and videos only: {held:?}");
+    assert!(!held.contains(&"music".to_owned()), "{held:?}");
 }

@@ -33,3 +33,5 @@ mod notifications;
 mod recovery;
 /// Retention lock, deletion under retention, object retention.
 mod retention;
+/// Status written only from the view it was computed from.
+mod stale;

@@ -175,3 +175,32 @@ async fn reconcile_of_a_cache_behind_its_own_status_write_does_not_create_again(
     h.reconcile("photos").await.expect("the reconcile succeeds");
     assert_eq!(h.gcs.call_count("CreateBucket"), 1);
 }
+
+#[tokio::test]
+async fn reconcile_on_request_checks_the_bucket_and_records_the_request_handled() {
+    let h = Harness::new().await;
+    h.create(
+        "photos",
+        json!({"bucketName": "photos", "labels": {"team": "media"}}),
+    );
+    let g = h.reconcile_until_ready("photos").await;
+    let physical = g.status.and_then(|s| s.bucket_full_name).expect("a bucket");
+    h.gcs
+        .modify_bucket(&physical, |b| {
+            b.labels.remove("team");
+        })
+        .expect("the bucket exists");
+    let requested = "2026-12-07T10:00:00Z";
+    h.api.modify::<Gcs>(NS, "photos", |g| {
+        g["metadata"]["annotations"] = json!({crate::crd::RECONCILE_REQUEST_ANNOTATION: requested});
+    });
+    h.reconcile("photos").await.expect("the reconcile succeeds");
+    let bucket = h.gcs.bucket(&physical).expect("the bucket exists");
+    assert_eq!(
+        bucket.labels.get("team").map(String::as_str),
+        Some("media"),
+        "drift corrected"
+    );
+    let status = h.get("photos").and_then(|g| g.status).expect("a status");
+    assert_eq!(status.last_handled_reconcile_at.as_deref(), Some(requested));
+}

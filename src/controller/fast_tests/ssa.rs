@@ -48,6 +48,11 @@ pub(super) fn apply(
     if old.is_none() {
         obj["metadata"]["name"] = applied["metadata"]["name"].clone();
     }
+    // A resourceVersion in the applied object is a precondition, checked
+    // where every write is (`State::store`): 409 when it is not current.
+    if let Some(version) = applied.pointer("/metadata/resourceVersion") {
+        obj["metadata"]["resourceVersion"] = version.clone();
+    }
     let managed = owners.after(&new_paths, force, &applied["apiVersion"]);
     Ok((obj, managed))
 }

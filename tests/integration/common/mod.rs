@@ -49,6 +49,7 @@ pub fn test_config(ns: &str) -> OperatorConfig {
         concurrency: 16,
         bucket_ops_interval: None,
         map_name: "bucketmap".to_owned(),
+        operator_namespace: ns.to_owned(),
         ..OperatorConfig::default()
     }
 }
