@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use common::Fixture;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use serde::de::DeserializeOwned;
@@ -281,6 +281,12 @@ async fn a_namespaced_install_works_in_its_namespaces_only() -> TestResult {
     let client = operator_client(&f).await?;
     f.config.namespace = None;
     f.config.watch_namespaces = vec![f.ns.clone(), other.clone()];
+    // A limit: each resource takes a place, kept in the operator's
+    // namespace under the Role's names.
+    f.config.operator_namespace = OPERATOR_NAMESPACE.to_owned();
+    f.config.tenancy = std::sync::Arc::new(serde_json::from_value(serde_json::json!({"rules": [
+        {"namespaces": [f.ns, other], "projects": [common::PROJECT], "maxBucketsPerNamespace": 5},
+    ]}))?);
     let _operator = f
         .spawn_operator(client.clone(), std::future::pending())
         .await?;
@@ -325,5 +331,12 @@ async fn a_namespaced_install_works_in_its_namespaces_only() -> TestResult {
     );
     unrelated_secret(&f, &outside).await?;
     assert_eq!(read_unrelated(&client, &outside).await, 403);
+    let configmaps: Api<ConfigMap> = Api::namespaced(f.client.clone(), OPERATOR_NAMESPACE);
+    for ns in [&f.ns, &other] {
+        let places = configmaps
+            .get(&bucketmap::controller::places_name(ns))
+            .await?;
+        assert_eq!(places.data.map(|d| d.len()), Some(1), "{ns}");
+    }
     Ok(())
 }
