@@ -28,6 +28,7 @@
 
 mod check;
 mod disruptions;
+mod fresh;
 mod observe;
 mod plan;
 mod replicas;
@@ -150,7 +151,18 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
         .gcs()
         .set_random_faults(Some(random_faults(args, rng.u64(..))));
     let mut figures = Figures::default();
-    let outcome = phases(args, &mut world, &plan, &foreign, &mut rng, &mut figures).await;
+    let policy = log_dir.join(TENANCY_POLICY);
+    let during = Setup { policy: &policy };
+    let outcome = phases(
+        args,
+        &mut world,
+        &plan,
+        &foreign,
+        &mut rng,
+        &mut figures,
+        during,
+    )
+    .await;
     figures.faults = world.gcs().random_fault_counts();
     world.gcs().set_random_faults(None);
     figures.replicas = replicas.stop().await;
@@ -327,7 +339,7 @@ fn write_tenancy_policy(
             ..Default::default()
         }],
     };
-    let path = dir.join("tenancy-policy.yaml");
+    let path = dir.join(TENANCY_POLICY);
     std::fs::write(&path, serde_yaml::to_string(&policy)?)
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     Ok(path)
@@ -372,8 +384,19 @@ fn kill_range(plan: &[Planned]) -> std::ops::RangeInclusive<usize> {
     (reachable / 10).max(1)..=(reachable * 9 / 10).max(1)
 }
 
+/// The file name of the replicas' tenancy policy, in the log directory.
+const TENANCY_POLICY: &str = "tenancy-policy.yaml";
+
+/// What the phases need of the replicas' setup.
+struct Setup<'a> {
+    /// The replicas' tenancy policy (for the fresh reconcile's operator).
+    policy: &'a std::path::Path,
+}
+
 /// The three checkpoints; a checkpoint not reached in time is a violation
-/// too (its check still runs on what is there).
+/// too (its check still runs on what is there). At the first, with faults
+/// paused, a fresh operator's reconcile must leave every status as it is
+/// (module `fresh`).
 async fn phases(
     args: &ChaosArgs,
     w: &mut Run,
@@ -381,6 +404,7 @@ async fn phases(
     foreign: &BTreeMap<String, check::SeenBucket>,
     rng: &mut fastrand::Rng,
     figures: &mut Figures,
+    during: Setup<'_>,
 ) -> anyhow::Result<Vec<Violation>> {
     let started = Instant::now();
     plan::create_all(&w.client, plan).await?;
@@ -400,6 +424,10 @@ async fn phases(
     if !violations.is_empty() {
         return Ok(violations);
     }
+    w.gcs().set_random_faults(None);
+    violations.extend(at("fresh reconcile", fresh::check(w, during.policy).await?));
+    w.gcs()
+        .set_random_faults(Some(random_faults(args, rng.u64(..))));
     let recorded: BTreeMap<String, Recorded> = ready
         .resources
         .iter()
