@@ -16,7 +16,9 @@
 //!   are converging.
 //!
 //! Foreign buckets sit in the same projects. Three checkpoints
-//! (`check`): all Ready; deletes done (the non-empty buckets without
+//! (`check`): all Ready, where, faults paused, an operator that saw
+//! nothing of the run reconciles every resource and must leave each
+//! status as it is (`fresh`); deletes done (the non-empty buckets without
 //! forceDestroy block their resource with `DeletionBlocked`); and, after
 //! those buckets are emptied, the end, where every bucket left must have
 //! an owner the run expects. Then whether the planned kills,
