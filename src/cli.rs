@@ -36,22 +36,11 @@ impl GcsArgs {
     }
 }
 
-/// The options of `bucketmap operator`.
-#[derive(Args, Debug)]
-pub struct OperatorArgs {
-    #[command(flatten)]
-    gcs: GcsArgs,
-    /// This cluster's identity, recorded on every bucket with the resource's
-    /// namespace and name: a cluster given the same identity (a restore, a
-    /// rebuild, a blue/green successor) finds the same buckets. A GCS label
-    /// value: 1 to 63 lowercase letters, digits, '-' or '_', starting with a
-    /// letter. Default: the one stored in the ConfigMap bucketmap-cluster-id
-    /// of the operator's namespace, created with a random one if absent.
-    #[arg(long, env = "BUCKETMAP_CLUSTER_ID", value_parser = crate::naming::validate_cluster_id)]
-    cluster_id: Option<String>,
-    /// Project for resources whose spec and namespace name none.
-    #[arg(long, env = "BUCKETMAP_DEFAULT_PROJECT")]
-    default_project: Option<String>,
+/// How the operator reconciles: its policy, its pace and its budgets.
+/// `bucketmap operator` and the embedded operator of `cargo dev` take the
+/// same flags.
+#[derive(Args, Debug, Clone)]
+pub struct TuningArgs {
     /// The tenancy policy, a YAML file: which namespaces may use which
     /// projects, storage classes, locations, forceDestroy, and how many
     /// buckets (see README). Without it, every namespace may use the
@@ -67,6 +56,59 @@ pub struct OperatorArgs {
     /// Candidate names tried before reporting NameConflict.
     #[arg(long, default_value_t = 5)]
     max_name_attempts: u32,
+    /// Reconciles doing work (GCS calls, API writes) at once; one waiting
+    /// for its namespace's map write does not count (0: unbounded).
+    #[arg(long, default_value_t = 32)]
+    concurrency: u16,
+    /// Bytes one namespace's bucket map may hold (entries count twice their
+    /// logical name, plus the physical name and 16). The default fits the API
+    /// server's and etcd's limits; resources beyond it report MapFull.
+    #[arg(long, default_value_t = crate::bucket_map::DEFAULT_MAX_MAP_BYTES)]
+    map_max_bytes: usize,
+    /// Pause between the first change of a namespace's bucket map and its
+    /// write, so that a burst of new resources makes one write.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    map_debounce: Duration,
+    /// Bucket map writes in flight at once, over all namespaces (0: one per
+    /// namespace, no other limit). While namespaces wait their turn, their
+    /// maps gather more entries, so a burst over many namespaces costs
+    /// fewer writes.
+    #[arg(long, default_value_t = crate::bucket_map::DEFAULT_WRITERS)]
+    map_writers: usize,
+}
+
+impl TuningArgs {
+    /// Sets these in `config`.
+    pub fn apply(&self, config: &mut OperatorConfig) {
+        config.tenancy = Arc::new(self.tenancy_policy.clone().unwrap_or_default());
+        config.resync = self.resync;
+        config.bucket_ops_interval = Some(self.bucket_ops_interval);
+        config.max_name_attempts = self.max_name_attempts.max(1);
+        config.concurrency = self.concurrency;
+        config.map_max_bytes = self.map_max_bytes;
+        config.map_debounce = self.map_debounce;
+        config.map_writers = self.map_writers;
+    }
+}
+
+/// The options of `bucketmap operator`.
+#[derive(Args, Debug)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    gcs: GcsArgs,
+    #[command(flatten)]
+    tuning: TuningArgs,
+    /// This cluster's identity, recorded on every bucket with the resource's
+    /// namespace and name: a cluster given the same identity (a restore, a
+    /// rebuild, a blue/green successor) finds the same buckets. A GCS label
+    /// value: 1 to 63 lowercase letters, digits, '-' or '_', starting with a
+    /// letter. Default: the one stored in the ConfigMap bucketmap-cluster-id
+    /// of the operator's namespace, created with a random one if absent.
+    #[arg(long, env = "BUCKETMAP_CLUSTER_ID", value_parser = crate::naming::validate_cluster_id)]
+    cluster_id: Option<String>,
+    /// Project for resources whose spec and namespace name none.
+    #[arg(long, env = "BUCKETMAP_DEFAULT_PROJECT")]
+    default_project: Option<String>,
     /// Watch only this namespace (default: all); the same as
     /// --watch-namespaces with one namespace, and combined with it.
     #[arg(long, env = "BUCKETMAP_NAMESPACE")]
@@ -85,28 +127,9 @@ pub struct OperatorArgs {
     /// namespace, and needs no RBAC for it).
     #[arg(long, env = "BUCKETMAP_SERVICE_BINDING", default_value_t = true, action = clap::ArgAction::Set)]
     service_binding: bool,
-    /// Reconciles doing work (GCS calls, API writes) at once; one waiting
-    /// for its namespace's map write does not count (0: unbounded).
-    #[arg(long, default_value_t = 32)]
-    concurrency: u16,
     /// Name of the per-namespace ConfigMap that maps logical to physical names.
     #[arg(long, default_value = "bucketmap")]
     map_name: String,
-    /// Bytes one namespace's bucket map may hold (entries count twice their
-    /// logical name, plus the physical name and 16). The default fits the API
-    /// server's and etcd's limits; resources beyond it report MapFull.
-    #[arg(long, default_value_t = crate::bucket_map::DEFAULT_MAX_MAP_BYTES)]
-    map_max_bytes: usize,
-    /// Pause between the first change of a namespace's bucket map and its
-    /// write, so that a burst of new resources makes one write.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    map_debounce: Duration,
-    /// Bucket map writes in flight at once, over all namespaces (0: one per
-    /// namespace, no other limit). While namespaces wait their turn, their
-    /// maps gather more entries, so a burst over many namespaces costs
-    /// fewer writes.
-    #[arg(long, default_value_t = crate::bucket_map::DEFAULT_WRITERS)]
-    map_writers: usize,
     /// Workload Identity Federation pool of the cluster (e.g.
     /// PROJECT_ID.svc.id.goog): a ServiceAccount without the annotation
     /// iam.gke.io/gcp-service-account is granted as its principal.
@@ -248,20 +271,13 @@ fn tenancy_policy(path: &str) -> Result<crate::tenancy::Policy, String> {
 }
 
 fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
-    OperatorConfig {
+    let mut config = OperatorConfig {
         cluster_id,
         default_project: args.default_project.clone(),
-        resync: args.resync,
-        max_name_attempts: args.max_name_attempts.max(1),
         namespace: args.namespace.clone(),
         watch_namespaces: args.watch_namespaces.clone(),
         service_binding: args.service_binding,
-        concurrency: args.concurrency,
-        bucket_ops_interval: Some(args.bucket_ops_interval),
         map_name: args.map_name.clone(),
-        map_max_bytes: args.map_max_bytes,
-        map_debounce: args.map_debounce,
-        map_writers: args.map_writers,
         workload_identity: args
             .workload_identity_pool
             .clone()
@@ -270,9 +286,11 @@ fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
                 pool,
                 project_number,
             }),
-        tenancy: Arc::new(args.tenancy_policy.clone().unwrap_or_default()),
         operator_namespace: args.leader_election_namespace.clone(),
-    }
+        ..OperatorConfig::default()
+    };
+    args.tuning.apply(&mut config);
+    config
 }
 
 /// A namespace name (a DNS label); blanks around it are dropped, and an

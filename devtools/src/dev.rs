@@ -57,6 +57,9 @@ pub struct DevArgs {
     /// containerd and Go): the image, `helm install`, the examples' pods.
     #[arg(long, conflicts_with_all = ["existing_cluster", "gcs_endpoint", "no_sidecar", "examples"])]
     node: bool,
+    /// The operator's own flags: tenancy policy, resync, pacing, budgets.
+    #[command(flatten)]
+    tuning: bucketmap::cli::TuningArgs,
 }
 
 /// Server-side applies every document of every `*.yaml`/`*.yml` file in
@@ -410,11 +413,34 @@ fn operator_config(args: &DevArgs) -> anyhow::Result<OperatorConfig> {
         Err(_) => "dev".to_owned(),
     };
     println!("  cluster identity: {cluster_id} (BUCKETMAP_CLUSTER_ID)");
-    Ok(OperatorConfig {
+    let mut config = OperatorConfig {
         cluster_id,
         default_project: Some(args.default_project.clone()),
         ..OperatorConfig::default()
-    })
+    };
+    args.tuning.apply(&mut config);
+    Ok(config)
+}
+
+/// The operator's own namespace, where it keeps the places of namespaces
+/// whose buckets the tenancy policy limits: created when missing.
+async fn ensure_operator_namespace(
+    client: &kube::Client,
+    config: &OperatorConfig,
+) -> anyhow::Result<()> {
+    if !config.tenancy.limits_count() {
+        return Ok(());
+    }
+    let name = &config.operator_namespace;
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if api.get_opt(name).await?.is_some() {
+        return Ok(());
+    }
+    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+    api.create(&kube::api::PostParams::default(), &ns)
+        .await
+        .with_context(|| format!("cannot create the operator's namespace {name}"))?;
+    Ok(())
 }
 
 /// Runs `cargo dev`.
@@ -436,6 +462,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let (gcs, gcs_shown, mock) = start_gcs(&args, &examples, metrics.clone()).await?;
     let config = operator_config(&args)?;
+    ensure_operator_namespace(&cluster.client, &config).await?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let operator = tokio::spawn(controller::run(
         cluster.client.clone(),
@@ -479,4 +506,58 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     drop(cluster);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Command {
+        #[command(flatten)]
+        args: DevArgs,
+    }
+
+    fn config(flags: &[&str]) -> OperatorConfig {
+        let argv = std::iter::once("cargo-dev").chain(flags.iter().copied());
+        let command = Command::try_parse_from(argv).expect("the flags parse");
+        operator_config(&command.args).expect("a config")
+    }
+
+    #[test]
+    fn the_embedded_operator_takes_the_operators_policy_resync_and_pacing() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let policy = dir.path().join("policy.yaml");
+        std::fs::write(
+            &policy,
+            "rules:\n- namespaces: [staging]\n  projects: [team-a]\n  maxBucketsPerNamespace: 2\n",
+        )
+        .expect("written");
+        let given = config(&[
+            "--tenancy-policy",
+            policy.to_str().expect("UTF-8"),
+            "--resync",
+            "30s",
+            "--bucket-ops-interval",
+            "0s",
+            "--concurrency",
+            "4",
+            "--map-debounce",
+            "5ms",
+        ]);
+        assert!(given.tenancy.limits_count(), "{:?}", given.tenancy);
+        assert_eq!(given.tenancy.rules[0].projects, ["team-a"]);
+        assert_eq!(given.resync, std::time::Duration::from_secs(30));
+        assert_eq!(given.bucket_ops_interval, Some(std::time::Duration::ZERO));
+        assert_eq!(given.concurrency, 4);
+        assert_eq!(given.map_debounce, std::time::Duration::from_millis(5));
+        // Without them, the operator's own defaults.
+        let defaults = config(&[]);
+        let operator = OperatorConfig::default();
+        assert_eq!(defaults.resync, operator.resync);
+        assert_eq!(defaults.bucket_ops_interval, operator.bucket_ops_interval);
+        assert_eq!(defaults.concurrency, operator.concurrency);
+        assert!(!defaults.tenancy.limits_count());
+    }
 }
