@@ -443,6 +443,31 @@ async fn ensure_operator_namespace(
     Ok(())
 }
 
+/// The embedded operator, running until the sender is used or dropped.
+fn spawn_operator(
+    client: kube::Client,
+    gcs: GcsClient,
+    metrics: Arc<Metrics>,
+    config: OperatorConfig,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async {
+        let _ = stop_rx.await;
+    };
+    let operator = tokio::spawn(controller::run(
+        client,
+        gcs,
+        metrics,
+        config,
+        || {},
+        stopped,
+    ));
+    (stop_tx, operator)
+}
+
 /// Runs `cargo dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     if args.node {
@@ -463,17 +488,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let (gcs, gcs_shown, mock) = start_gcs(&args, &examples, metrics.clone()).await?;
     let config = operator_config(&args)?;
     ensure_operator_namespace(&cluster.client, &config).await?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(controller::run(
-        cluster.client.clone(),
-        gcs,
-        metrics,
-        config,
-        || {},
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    let (stop_tx, operator) = spawn_operator(cluster.client.clone(), gcs, metrics, config);
     let applied = apply_manifests(&cluster.client, &examples, applied_kinds(&args)).await?;
     let gcs_objects = gcs_objects(&applied);
     let ready = wait_all_ready(&cluster.client, &gcs_objects, Duration::from_secs(120)).await?;
