@@ -172,44 +172,22 @@ async fn write(
 mod tests {
     use super::*;
 
-    fn gcs(name: &str, created: &str, bucket: bool, deleting: bool) -> Gcs {
-        let mut obj: Gcs = serde_json::from_value(json!({
-            "apiVersion": "storage.bucketmap.dev/v1alpha1", "kind": "Gcs",
-            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
-                         "creationTimestamp": created},
-            "spec": {"bucketName": name},
-        }))
-        .expect("a valid Gcs");
-        if bucket {
-            obj.status = Some(crate::crd::GcsStatus {
-                bucket_full_name: Some(format!("{name}-x")),
-                ..Default::default()
-            });
-        }
-        if deleting {
-            obj.metadata.deletion_timestamp = obj.metadata.creation_timestamp.clone();
-        }
-        obj
-    }
-
     #[test]
     fn places_buckets_and_older_waiting_resources_count_before_a_new_one() {
-        let early = "2026-12-07T10:00:00Z";
-        let late = "2026-12-07T11:00:00Z";
         let all = [
-            gcs("placed", late, false, false),
-            gcs("named", late, true, false),
-            gcs("older", early, false, false),
-            gcs("gone", early, false, true),
-            gcs("younger", "2026-12-07T12:00:00Z", false, false),
-            gcs("me", late, false, false),
+            gcs_at("placed", 5, false, false),
+            gcs_at("named", 5, true, false),
+            gcs_at("older", 1, false, false),
+            gcs_at("gone", 1, false, true),
+            gcs_at("younger", 9, false, false),
+            gcs_at("me", 5, false, false),
         ];
-        let places = BTreeMap::from([("uid-placed".to_owned(), "placed".to_owned())]);
+        let places = BTreeMap::from([("placed".to_owned(), "placed".to_owned())]);
         // placed, named, older (waits before), me; not the deleting one
         // nor the younger; "me" once, though it is in the list.
         assert_eq!(buckets_with(&all[5], &all, &places), 4);
         // Its own place does not count twice.
-        let mine = BTreeMap::from([("uid-me".to_owned(), "me".to_owned())]);
+        let mine = BTreeMap::from([("me".to_owned(), "me".to_owned())]);
         assert_eq!(buckets_with(&all[5], &all, &mine), 3);
     }
 

@@ -91,41 +91,27 @@ async fn reconcile_fake_api_refuses_stale_versions_failed_tests_and_missing_obje
 #[tokio::test]
 async fn reconcile_fake_api_takes_an_applied_resource_version_as_a_precondition() {
     let api: Api<ConfigMap> = Api::namespaced(FakeApi::new().client(), NS);
-    let created = api
+    let version = api
         .create(&PostParams::default(), &map(json!({"a": "1"})))
         .await
-        .unwrap();
-    let merged = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"b": "2"}})),
-        )
-        .await
-        .unwrap();
-    let apply = |version: &Option<String>| {
-        Patch::Apply(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "m", "resourceVersion": version}, "data": {"c": "3"},
-        }))
-    };
+        .unwrap()
+        .metadata
+        .resource_version;
+    let apply = Patch::Apply(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "m", "resourceVersion": version}, "data": {"c": "3"},
+    }));
     let ssa = PatchParams::apply("test").force();
-    let stale = api
-        .patch("m", &ssa, &apply(&created.metadata.resource_version))
-        .await
-        .unwrap_err();
+    let applied = api.patch("m", &ssa, &apply).await.unwrap();
+    assert_eq!(
+        applied.data.and_then(|d| d.get("c").cloned()).as_deref(),
+        Some("3")
+    );
+    let stale = api.patch("m", &ssa, &apply).await.unwrap_err();
     assert_eq!(
         status_code(stale),
         409,
         "an apply of a stale resourceVersion"
-    );
-    let applied = api
-        .patch("m", &ssa, &apply(&merged.metadata.resource_version))
-        .await
-        .unwrap();
-    assert_eq!(
-        applied.data.and_then(|d| d.get("c").cloned()).as_deref(),
-        Some("3")
     );
 }
 

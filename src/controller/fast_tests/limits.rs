@@ -86,17 +86,22 @@ async fn reconcile_of_a_project_the_policy_does_not_allow_reports_not_allowed_by
     assert!(h.gcs.calls().is_empty());
 }
 
-#[tokio::test]
-async fn reconcile_counts_the_namespace_resources_against_the_policy_limit() {
+/// The operator with a policy that allows [`NS`] `max` buckets.
+async fn limited(max: u32) -> Harness {
     let policy: crate::tenancy::Policy = serde_json::from_value(json!({"rules": [
-        {"namespaces": [NS], "projects": [harness::PROJECT], "maxBucketsPerNamespace": 1},
+        {"namespaces": [NS], "projects": [harness::PROJECT], "maxBucketsPerNamespace": max},
     ]}))
     .expect("a policy");
     let config = OperatorConfig {
         tenancy: std::sync::Arc::new(policy),
         ..harness::config()
     };
-    let h = Harness::with_config(config).await;
+    Harness::with_config(config).await
+}
+
+#[tokio::test]
+async fn reconcile_counts_the_namespace_resources_against_the_policy_limit() {
+    let h = limited(1).await;
     h.create("photos", json!({"bucketName": "photos"}));
     h.reconcile_until_ready("photos").await;
     h.create("videos", json!({"bucketName": "videos"}));
@@ -129,15 +134,7 @@ async fn reconcile_of_an_entry_the_map_has_no_room_for_reports_map_full() {
 
 #[tokio::test]
 async fn reconcile_counts_again_when_another_replica_took_the_last_place_meanwhile() {
-    let policy: crate::tenancy::Policy = serde_json::from_value(json!({"rules": [
-        {"namespaces": [NS], "projects": [harness::PROJECT], "maxBucketsPerNamespace": 2},
-    ]}))
-    .expect("a policy");
-    let config = OperatorConfig {
-        tenancy: std::sync::Arc::new(policy),
-        ..harness::config()
-    };
-    let h = Harness::with_config(config).await;
+    let h = limited(2).await;
     h.create("photos", json!({"bucketName": "photos"}));
     h.reconcile_until_ready("photos").await;
     let videos = h.create("videos", json!({"bucketName": "videos"}));

@@ -191,21 +191,7 @@ async fn upgrade_uninstall_and_reinstall_keep_the_crd_and_every_gcs() -> TestRes
     let no_gsa = "serviceAccount.gcpServiceAccount=";
 
     // The previous version, as its users installed it: the CRD from crds/.
-    helm_cmd(
-        &helm,
-        &k,
-        &[
-            "install",
-            RELEASE,
-            &previous,
-            "-n",
-            NAMESPACE,
-            "--create-namespace",
-            "--set",
-            no_gsa,
-        ],
-    )
-    .await?;
+    install_previous(&helm, &k, &previous, &[no_gsa]).await?;
     let crd = get_json(&k, &["crd", CRD_NAME]).await?;
     assert!(
         crd.pointer("/metadata/annotations/meta.helm.sh~1release-name")
@@ -576,6 +562,41 @@ async fn check_project_number(kubeconfig: &str, step: &str) -> TestResult {
     Ok(())
 }
 
+/// `helm install` of the previous chart version `previous` with `--set`
+/// of each of `sets`.
+async fn install_previous(
+    helm: &Path,
+    kubeconfig: &str,
+    previous: &str,
+    sets: &[&str],
+) -> TestResult {
+    let mut args = vec![
+        "install",
+        RELEASE,
+        previous,
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm_cmd(helm, kubeconfig, &args).await.map(drop)
+}
+
+/// `helm upgrade` of the release to `chart` with `extra` arguments.
+async fn upgrade(helm: &Path, kubeconfig: &str, chart: &str, extra: &[&str]) -> TestResult {
+    let mut args = vec!["upgrade", RELEASE, chart, "-n", NAMESPACE];
+    args.extend_from_slice(extra);
+    helm_cmd(helm, kubeconfig, &args).await.map(drop)
+}
+
+/// `helm get values -o yaml`: the values the release was given.
+async fn values(helm: &Path, kubeconfig: &str) -> anyhow::Result<String> {
+    let args = ["get", "values", RELEASE, "-n", NAMESPACE, "-o", "yaml"];
+    helm_cmd(helm, kubeconfig, &args).await
+}
+
 /// `helm get manifest`: the objects the release holds, as rendered.
 async fn manifest(helm: &Path, kubeconfig: &str) -> anyhow::Result<String> {
     helm_cmd(
@@ -613,25 +634,12 @@ async fn values_from_a_file_and_helm_get_values_install_the_same_digits() -> Tes
     );
 
     let number = format!("workloadIdentity.projectNumber={PROJECT_NUMBER}");
-    helm_cmd(
-        &helm,
-        &k,
-        &[
-            "install",
-            RELEASE,
-            &previous,
-            "-n",
-            NAMESPACE,
-            "--create-namespace",
-            "--set",
-            "serviceAccount.gcpServiceAccount=",
-            "--set",
-            "workloadIdentity.pool=acme.svc.id.goog",
-            "--set",
-            &number,
-        ],
-    )
-    .await?;
+    let sets = [
+        "serviceAccount.gcpServiceAccount=",
+        "workloadIdentity.pool=acme.svc.id.goog",
+        &number,
+    ];
+    install_previous(&helm, &k, &previous, &sets).await?;
     check_project_number(&k, "installing 0.1.0 with --set").await?;
     create_kept(&k).await?;
     let before = uids(&k).await?;
@@ -639,27 +647,10 @@ async fn values_from_a_file_and_helm_get_values_install_the_same_digits() -> Tes
         let args: Vec<&str> = command.iter().map(String::as_str).collect();
         kubectl_ok(&k, &args, "").await?;
     }
-    helm_cmd(
-        &helm,
-        &k,
-        &[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "-n",
-            NAMESPACE,
-            "--reset-then-reuse-values",
-        ],
-    )
-    .await?;
+    upgrade(&helm, &k, &chart, &["--reset-then-reuse-values"]).await?;
     check_project_number(&k, "the upgrade from 0.1.0").await?;
 
-    let saved = helm_cmd(
-        &helm,
-        &k,
-        &["get", "values", RELEASE, "-n", NAMESPACE, "-o", "yaml"],
-    )
-    .await?;
+    let saved = values(&helm, &k).await?;
     assert!(
         saved.contains(&format!("projectNumber: {PROJECT_NUMBER}\n")),
         "helm get values:\n{saved}"
@@ -686,45 +677,19 @@ async fn values_from_a_file_and_helm_get_values_install_the_same_digits() -> Tes
         objects_before,
         "the reinstall from the saved values installed other objects"
     );
-    let saved_again = helm_cmd(
-        &helm,
-        &k,
-        &["get", "values", RELEASE, "-n", NAMESPACE, "-o", "yaml"],
-    )
-    .await?;
+    let saved_again = values(&helm, &k).await?;
     assert_eq!(
         saved_again, saved,
         "helm get values changed in the round trip"
     );
 
-    let reuse = [
-        "upgrade",
-        RELEASE,
-        &chart,
-        "-n",
-        NAMESPACE,
-        "--reuse-values",
-    ];
-    helm_cmd(&helm, &k, &reuse).await?;
+    upgrade(&helm, &k, &chart, &["--reuse-values"]).await?;
     check_project_number(&k, "helm upgrade --reuse-values").await?;
     assert_eq!(manifest(&helm, &k).await?, objects_before);
 
     let team_file = dir.path().join("values.yaml");
     std::fs::write(&team_file, VALUES_FILE)?;
-    helm_cmd(
-        &helm,
-        &k,
-        &[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "-n",
-            NAMESPACE,
-            "-f",
-            path_str(&team_file)?,
-        ],
-    )
-    .await?;
+    upgrade(&helm, &k, &chart, &["-f", path_str(&team_file)?]).await?;
     check_project_number(&k, "helm upgrade -f with the team's values file").await?;
     let deploy = get_json(&k, &["deployment", "-n", NAMESPACE, "bucketmap-operator"]).await?;
     assert_eq!(deploy["spec"]["replicas"], 3);
