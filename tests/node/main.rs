@@ -14,6 +14,7 @@
 //! builds the rest); without them every scenario fails and says why.
 
 mod cluster;
+mod lifecycle;
 mod more;
 mod scenarios;
 

@@ -12,6 +12,7 @@ use kube::Api;
 use kube::api::{ListParams, LogParams};
 
 use crate::cluster::Cluster;
+use crate::lifecycle;
 use crate::more;
 
 type Scenario = fn(Arc<Cluster>) -> Pin<Box<dyn Future<Output = Result<()>> + Send>>;
@@ -38,6 +39,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     (
         "f_unlabelled_pods_are_left_alone_and_host_network_refused",
         |c| Box::pin(more::unlabelled_left_alone_host_network_refused(c)),
+    ),
+    (
+        "g_the_platform_teams_helm_lifecycle_keeps_every_bucket",
+        |c| Box::pin(lifecycle::the_helm_lifecycle_keeps_every_bucket(c)),
     ),
 ];
 

@@ -175,7 +175,7 @@ sidecar:
 /// from a values file as GitOps tools install it ([`values_file`]).
 async fn helm_install(node: &Node, mock_port: u16) -> Result<()> {
     let helm = tool("tools/helm/install.sh").await?;
-    let chart = crate::repo_path("deploy/chart/bucketmap");
+    let chart = chart();
     let dir = tempfile::tempdir()?;
     let values = dir.path().join("values.yaml");
     std::fs::write(&values, values_file(mock_port))
@@ -230,6 +230,20 @@ pub async fn kubectl(node: &Node, args: &[String]) -> Result<String> {
     ];
     full.extend_from_slice(args);
     run(Path::new("kubectl"), &full).await
+}
+
+/// The chart, as the node installs it.
+pub fn chart() -> PathBuf {
+    crate::repo_path("deploy/chart/bucketmap")
+}
+
+/// `helm ARGS` (the pinned helm) against the node; its stdout.
+pub async fn helm(node: &Node, args: &[&str]) -> Result<String> {
+    let helm = tool("tools/helm/install.sh").await?;
+    let mut full: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    full.push("--kubeconfig".into());
+    full.push(node.kubeconfig_path().display().to_string());
+    run(&helm, &full).await
 }
 
 /// Runs `program args…`; its stdout, or an error with its stderr.
