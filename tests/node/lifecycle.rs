@@ -78,37 +78,30 @@ async fn checked_again(
     Ok(())
 }
 
-/// (g) See the module's comment.
-pub async fn the_helm_lifecycle_keeps_every_bucket(c: Arc<Cluster>) -> Result<()> {
-    let expected = ready_buckets(&c).await?;
-    ensure!(
-        expected.contains_key("staging/photos"),
-        "Ready: {expected:?}"
-    );
-    let buckets = c.product.mock.handle().buckets().len();
-    let values = helm(
-        &c.node,
-        &[
-            "get",
-            "values",
-            RELEASE,
-            "-n",
-            SYSTEM_NAMESPACE,
-            "-o",
-            "yaml",
-        ],
-    )
-    .await?;
+/// `helm get values` of the release, as a platform team saves it: the
+/// project number's digits in it; written to a file in `dir`.
+async fn saved_values(c: &Cluster, dir: &std::path::Path) -> Result<String> {
+    let args = [
+        "get",
+        "values",
+        RELEASE,
+        "-n",
+        SYSTEM_NAMESPACE,
+        "-o",
+        "yaml",
+    ];
+    let values = helm(&c.node, &args).await?;
     ensure!(
         values.contains("projectNumber: 123456789012\n"),
         "helm get values:\n{values}"
     );
-    let dir = tempfile::tempdir()?;
-    let file = dir.path().join("values.yaml");
+    let file = dir.join("values.yaml");
     std::fs::write(&file, &values)?;
-    let file = file.display().to_string();
-    let chart = chart().display().to_string();
+    Ok(file.display().to_string())
+}
 
+/// `helm uninstall`: every `Gcs` stays.
+async fn uninstall(c: &Cluster, expected: usize) -> Result<()> {
     helm(
         &c.node,
         &["uninstall", RELEASE, "-n", SYSTEM_NAMESPACE, "--wait"],
@@ -117,11 +110,25 @@ pub async fn the_helm_lifecycle_keeps_every_bucket(c: Arc<Cluster>) -> Result<()
     let kept: Api<Gcs> = Api::all(c.client.clone());
     let left = kept.list(&ListParams::default()).await?.items.len();
     ensure!(
-        left >= expected.len(),
-        "{left} Gcs left after the uninstall, {} before",
-        expected.len()
+        left >= expected,
+        "{left} Gcs left after the uninstall, {expected} before"
     );
+    Ok(())
+}
 
+/// (g) See the module's comment.
+pub async fn the_helm_lifecycle_keeps_every_bucket(c: Arc<Cluster>) -> Result<()> {
+    let expected = ready_buckets(&c).await?;
+    ensure!(
+        expected.contains_key("staging/photos"),
+        "Ready: {expected:?}"
+    );
+    let buckets = c.product.mock.handle().buckets().len();
+    let dir = tempfile::tempdir()?;
+    let file = saved_values(&c, dir.path()).await?;
+    let chart = chart().display().to_string();
+    uninstall(&c, expected.len()).await?;
+    let wait = ["--wait", "--timeout", "5m"];
     let install = [
         "install",
         RELEASE,
@@ -130,11 +137,8 @@ pub async fn the_helm_lifecycle_keeps_every_bucket(c: Arc<Cluster>) -> Result<()
         SYSTEM_NAMESPACE,
         "-f",
         &file,
-        "--wait",
-        "--timeout",
-        "5m",
     ];
-    helm(&c.node, &install).await?;
+    helm(&c.node, &[&install[..], &wait[..]].concat()).await?;
     checked_again(&c, &expected, "reinstall").await?;
     let upgrade = [
         "upgrade",
@@ -143,11 +147,8 @@ pub async fn the_helm_lifecycle_keeps_every_bucket(c: Arc<Cluster>) -> Result<()
         "-n",
         SYSTEM_NAMESPACE,
         "--reuse-values",
-        "--wait",
-        "--timeout",
-        "5m",
     ];
-    helm(&c.node, &upgrade).await?;
+    helm(&c.node, &[&upgrade[..], &wait[..]].concat()).await?;
     checked_again(&c, &expected, "upgrade").await?;
     let now = c.product.mock.handle().buckets().len();
     ensure!(
