@@ -111,6 +111,39 @@ pub struct Config {
     #[arg(long = "map", value_name = "LOGICAL=PHYSICAL", value_parser = parse_map_entry)]
     pub maps: Vec<(String, String)>,
 
+    /// Follow the bucket map ConfigMap NAME of the pod's namespace through
+    /// the Kubernetes API server (a watch, confirmed by a consistent list
+    /// every quarter of --max-map-age), with the ServiceAccount token of
+    /// --kube-credentials-dir: a changed map is served within the API
+    /// server's watch latency. --mapping-dir stays the start-up source and
+    /// the fallback until the API server first answers. The ServiceAccount
+    /// needs get, list and watch on that ConfigMap (bucketmap grants it).
+    #[arg(long, value_name = "NAME")]
+    pub map_configmap: Option<String>,
+
+    /// With --map-configmap: the longest the map may go unconfirmed by the
+    /// API server before the sidecar refuses writes (reads are still
+    /// served; writes resume once the map is confirmed again). The operator
+    /// changes where a logical bucket points only once the change is older
+    /// than this bound (docs/ARCHITECTURE.md).
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub max_map_age: Duration,
+
+    /// With --map-configmap: the API server's base URL. By default the
+    /// cluster's, from KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT.
+    #[arg(long, value_name = "URL", value_parser = parse_upstream)]
+    pub kube_api: Option<Uri>,
+
+    /// With --map-configmap: the directory holding the ServiceAccount's
+    /// `token` (re-read for every request: the kubelet rotates it),
+    /// `ca.crt` and `namespace`, as the kubelet projects them.
+    #[arg(
+        long,
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount",
+        value_name = "DIR"
+    )]
+    pub kube_credentials_dir: PathBuf,
+
     /// How often the mapping directory is re-read, in addition to file-change notifications.
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub mapping_poll_interval: Duration,
@@ -197,10 +230,13 @@ pub struct Config {
 impl Config {
     /// Checks what clap cannot check on its own.
     pub fn validate(&self) -> Result<(), String> {
-        if self.mapping_dir.is_none() && self.maps.is_empty() {
+        if self.mapping_dir.is_none() && self.maps.is_empty() && self.map_configmap.is_none() {
             return Err(
-                "give the mapping with --mapping-dir DIR and/or --map LOGICAL=PHYSICAL".into(),
+                "give the mapping with --mapping-dir DIR, --map-configmap NAME and/or --map LOGICAL=PHYSICAL".into(),
             );
+        }
+        if self.map_configmap.is_some() && self.max_map_age < Duration::from_secs(4) {
+            return Err("--max-map-age must be at least 4s".into());
         }
         if self.mapping_poll_interval.is_zero() {
             return Err("--mapping-poll-interval must be more than 0".into());

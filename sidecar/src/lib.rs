@@ -73,6 +73,7 @@ pub mod encoding;
 pub mod grpc;
 pub mod host;
 pub mod layers;
+pub mod live;
 pub mod mapping;
 pub mod metrics;
 pub mod proxy;

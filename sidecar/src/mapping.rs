@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 
@@ -74,6 +76,24 @@ pub struct MappingStore {
     /// Why the last reload failed; cleared by a successful one.
     last_failure: ArcSwapOption<String>,
     reload_lock: Mutex<()>,
+    /// Set when the map is followed through the API server (`--map-configmap`).
+    live: Option<Live>,
+}
+
+/// The state of the map followed through the API server ([`crate::live`]).
+#[derive(Debug)]
+struct Live {
+    /// `--max-map-age`: past it without a confirmation, writes are refused.
+    bound: Duration,
+    /// The process's start: the age of a map never confirmed counts from it.
+    started: Instant,
+    /// When the request that last confirmed the map was sent.
+    confirmed: Mutex<Option<Instant>>,
+    /// The API server has delivered a map: the volume is no longer read
+    /// (it can only be as new, or older).
+    in_charge: AtomicBool,
+    /// The first attempt to reach the API server has ended, either way.
+    attempted: AtomicBool,
 }
 
 impl MappingStore {
@@ -87,7 +107,22 @@ impl MappingStore {
             current: ArcSwapOption::empty(),
             last_failure: ArcSwapOption::empty(),
             reload_lock: Mutex::new(()),
+            live: None,
         }
+    }
+
+    /// The store of a sidecar that follows its map through the API server,
+    /// refusing writes once the map goes unconfirmed for longer than `bound`.
+    #[must_use]
+    pub fn following(mut self, bound: Duration) -> Self {
+        self.live = Some(Live {
+            bound,
+            started: Instant::now(),
+            confirmed: Mutex::new(None),
+            in_charge: AtomicBool::new(false),
+            attempted: AtomicBool::new(false),
+        });
+        self
     }
 
     /// The mapping in force, if one has been loaded.
@@ -103,10 +138,74 @@ impl MappingStore {
         self.current.load().is_some()
     }
 
+    /// Puts a map from the API server in force (with the static entries),
+    /// unless it fails to validate; from then on the volume is not read.
+    pub fn apply_live(&self, entries: Vec<(String, String)>) -> ReloadOutcome {
+        let _serialised = self
+            .reload_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(live) = &self.live {
+            live.in_charge.store(true, Ordering::Release);
+        }
+        let outcome = self.swap_in(entries);
+        self.record(&outcome);
+        outcome
+    }
+
+    /// The API server confirmed the map with a request sent at `sent`.
+    pub fn confirm(&self, sent: Instant) {
+        if let Some(live) = &self.live {
+            let mut confirmed = lock(&live.confirmed);
+            if confirmed.is_none_or(|at| at < sent) {
+                *confirmed = Some(sent);
+            }
+            live.attempted.store(true, Ordering::Release);
+        }
+    }
+
+    /// The first attempt to reach the API server failed: readiness no longer waits.
+    pub fn live_attempted(&self) {
+        if let Some(live) = &self.live {
+            live.attempted.store(true, Ordering::Release);
+        }
+    }
+
+    /// Since the map was last confirmed by the API server (since start when
+    /// never); `None` when the map is not followed through it.
+    pub fn map_age(&self) -> Option<Duration> {
+        self.live.as_ref().map(|live| live.since().elapsed())
+    }
+
+    /// When the map passes its bound unless confirmed before.
+    pub fn stale_at(&self) -> Option<Instant> {
+        self.live.as_ref().map(|live| live.since() + live.bound)
+    }
+
+    /// The map's age, once past its bound: writes are then refused.
+    pub fn staleness(&self) -> Option<crate::policy::Staleness> {
+        self.staleness_at(Instant::now())
+    }
+
+    /// [`MappingStore::staleness`] as of `now`.
+    pub fn staleness_at(&self, now: Instant) -> Option<crate::policy::Staleness> {
+        let live = self.live.as_ref()?;
+        let age = now.saturating_duration_since(live.since());
+        (age > live.bound).then(|| crate::policy::Staleness {
+            age,
+            bound: live.bound,
+            confirmed_once: lock(&live.confirmed).is_some(),
+        })
+    }
+
     /// Why the store is not ready, or `None` when it is.
     pub fn not_ready_reason(&self) -> Option<String> {
         if self.is_ready() {
-            return None;
+            return self
+                .live
+                .as_ref()
+                .filter(|live| !live.attempted.load(Ordering::Acquire))
+                .map(|_| "waiting for the API server's first answer about the map".to_owned());
         }
         Some(match self.last_failure.load_full() {
             Some(failure) => format!("the mapping sources cannot be used: {failure}"),
@@ -126,23 +225,41 @@ impl MappingStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let outcome = self.load();
-        let failure = match &outcome {
+        self.record(&outcome);
+        outcome
+    }
+
+    /// Keeps why the last load failed, for readiness.
+    fn record(&self, outcome: &ReloadOutcome) {
+        let failure = match outcome {
             ReloadOutcome::Failed(err) => Some(Arc::new(err.to_string())),
             ReloadOutcome::Unchanged | ReloadOutcome::Updated { .. } => None,
         };
         self.last_failure.store(failure);
-        outcome
     }
 
     /// One read of the sources; the caller holds `reload_lock`.
     fn load(&self) -> ReloadOutcome {
-        let mut entries = match &self.dir {
+        if self
+            .live
+            .as_ref()
+            .is_some_and(|live| live.in_charge.load(Ordering::Acquire))
+        {
+            return ReloadOutcome::Unchanged;
+        }
+        let entries = match &self.dir {
             Some(dir) => match read_mapping_dir(dir) {
                 Ok(entries) => entries,
                 Err(err) => return ReloadOutcome::Failed(err),
             },
             None => Vec::new(),
         };
+        self.swap_in(entries)
+    }
+
+    /// Swaps in the map of `entries` and the static entries if it is valid
+    /// and different; the caller holds `reload_lock`.
+    fn swap_in(&self, mut entries: Vec<(String, String)>) -> ReloadOutcome {
         entries.extend(self.static_entries.iter().cloned());
         let mapping = match Mapping::new(entries) {
             Ok(mapping) => mapping,
@@ -160,6 +277,19 @@ impl MappingStore {
     pub fn set(&self, mapping: Mapping) {
         self.current.store(Some(Arc::new(mapping)));
     }
+}
+
+impl Live {
+    /// The instant the map's age counts from.
+    fn since(&self) -> Instant {
+        lock(&self.confirmed).unwrap_or(self.started)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -219,6 +349,73 @@ mod tests {
         );
         // The snapshot taken before is untouched.
         assert_eq!(before.physical("dupe"), None);
+    }
+
+    #[test]
+    fn a_followed_map_ages_from_its_last_confirmation_and_outranks_the_volume() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("photos"), "photos-v1v1v1v1").expect("write");
+        let bound = Duration::from_secs(60);
+        let store = MappingStore::new(Some(dir.path().to_owned()), Vec::new()).following(bound);
+        let start = Instant::now();
+        assert!(matches!(store.reload(), ReloadOutcome::Updated { .. }));
+        // Loaded, but readiness waits for the API server's first answer.
+        assert!(store.is_ready());
+        assert!(
+            store
+                .not_ready_reason()
+                .is_some_and(|r| r.contains("first answer"))
+        );
+        store.live_attempted();
+        assert_eq!(store.not_ready_reason(), None);
+        // Never confirmed: stale once the bound has passed since start.
+        assert_eq!(store.staleness_at(start), None);
+        let never = store.staleness_at(start + bound * 2).expect("stale");
+        assert!(!never.confirmed_once);
+        // A confirmation sent at t keeps writes open until t + bound.
+        let sent = start + Duration::from_secs(100);
+        store.confirm(sent);
+        store.confirm(start); // an older one changes nothing
+        assert_eq!(store.staleness_at(sent + bound), None);
+        let stale = store
+            .staleness_at(sent + bound + Duration::from_secs(1))
+            .expect("stale");
+        assert!(stale.confirmed_once);
+        assert_eq!(stale.age, bound + Duration::from_secs(1));
+        // The API server's map wins, and the volume is not read again.
+        let live = pairs(&[("photos", "photos-v2v2v2v2")]);
+        assert!(matches!(
+            store.apply_live(live),
+            ReloadOutcome::Updated { .. }
+        ));
+        std::fs::write(dir.path().join("photos"), "photos-v3v3v3v3").expect("write");
+        assert!(matches!(store.reload(), ReloadOutcome::Unchanged));
+        let physical = |store: &MappingStore| {
+            store
+                .current()
+                .and_then(|m| m.physical("photos").map(str::to_owned))
+        };
+        assert_eq!(physical(&store).as_deref(), Some("photos-v2v2v2v2"));
+        // An invalid map from the API server is not applied.
+        let bad = pairs(&[("photos", "photos-v2v2v2v2"), ("dupe", "photos-v2v2v2v2")]);
+        assert!(matches!(store.apply_live(bad), ReloadOutcome::Failed(_)));
+        assert_eq!(physical(&store).as_deref(), Some("photos-v2v2v2v2"));
+        // A deleted ConfigMap is an empty map.
+        assert!(matches!(
+            store.apply_live(Vec::new()),
+            ReloadOutcome::Updated { entries: 0 }
+        ));
+    }
+
+    #[test]
+    fn a_map_not_followed_is_never_stale() {
+        let store = MappingStore::new(None, pairs(&[("photos", "photos-k3x9q2mw")]));
+        store.confirm(Instant::now());
+        assert_eq!(store.map_age(), None);
+        assert_eq!(
+            store.staleness_at(Instant::now() + Duration::from_secs(86_400)),
+            None
+        );
     }
 
     #[test]

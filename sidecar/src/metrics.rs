@@ -1,5 +1,6 @@
 //! Prometheus metrics of the sidecar.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use foldhash::HashMap;
@@ -75,6 +76,11 @@ pub struct Metrics {
     pub mapping_entries: Gauge,
     /// Requests being served now.
     pub in_flight: Gauge,
+    /// Seconds since the API server last confirmed the map (NaN when the
+    /// map is not followed through it); set when scraped.
+    pub map_age: Gauge<f64, AtomicU64>,
+    /// Failed lists and watches of the map through the API server.
+    pub map_follow_failures: Counter,
     /// The two series of `bytes`, looked up once.
     from_client: Counter,
     to_client: Counter,
@@ -123,6 +129,8 @@ impl Metrics {
             refusals: Family::default(),
             mapping_entries: Gauge::default(),
             in_flight: Gauge::default(),
+            map_age: Gauge::default(),
+            map_follow_failures: Counter::default(),
             from_client,
             to_client,
             series: Mutex::default(),
@@ -174,6 +182,21 @@ impl Metrics {
             "Requests being served",
             self.in_flight.clone(),
         );
+        r.register(
+            "map_age_seconds",
+            "Seconds since the Kubernetes API server last confirmed the bucket map (NaN when it is not followed there)",
+            self.map_age.clone(),
+        );
+        r.register(
+            "map_follow_failures",
+            "Lists and watches of the bucket map through the API server that failed",
+            self.map_follow_failures.clone(),
+        );
+    }
+
+    /// Counts a failed list or watch of the map through the API server.
+    pub fn count_live_failure(&self) {
+        self.map_follow_failures.inc();
     }
 
     /// Body bytes read from the application (request bodies).

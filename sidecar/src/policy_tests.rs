@@ -62,6 +62,13 @@ const OPERATIONS: [Operation; 5] = [
     },
 ];
 
+/// A map past its bound.
+const STALE: policy::Staleness = policy::Staleness {
+    age: std::time::Duration::from_secs(90),
+    bound: std::time::Duration::from_secs(60),
+    confirmed_once: true,
+};
+
 /// Logical, physical, and unknown names.
 const NAMES: [&str; 4] = ["photos", "photos-k3x9q2mw", "music", "logs"];
 
@@ -77,6 +84,8 @@ struct Case {
     /// A refusal of each protocol's own framing: a signed URL over HTTP,
     /// a call over HTTP/1.1 for gRPC.
     framed: bool,
+    /// The map is older than its bound: writes are refused.
+    stale: bool,
 }
 
 fn cases() -> impl Strategy<Value = Case> {
@@ -88,9 +97,10 @@ fn cases() -> impl Strategy<Value = Case> {
         any::<bool>(),
         any::<bool>(),
         prop::bool::weighted(0.1),
+        prop::bool::weighted(0.3),
     )
         .prop_map(
-            |(operation, names, credentials, mapped, allow_physical, adc, framed)| Case {
+            |(operation, names, credentials, mapped, allow_physical, adc, framed, stale)| Case {
                 operation,
                 names,
                 credentials,
@@ -98,6 +108,7 @@ fn cases() -> impl Strategy<Value = Case> {
                 allow_physical,
                 adc,
                 framed,
+                stale,
             },
         )
 }
@@ -113,6 +124,8 @@ enum Seen {
         http: u16,
         reason: &'static str,
         grpc: &'static str,
+        /// A refusal for the map's age (the same status as a map not yet loaded).
+        stale: bool,
     },
 }
 
@@ -128,9 +141,22 @@ fn seen(decision: Decision<'_>) -> Seen {
         },
         Decision::Refuse(refusal) => Seen::Refuse {
             http: refusal.status.as_u16(),
+            stale: refusal.kind == policy::Kind::StaleMap,
             reason: refusal.reason,
             grpc: refusal.grpc_code().name(),
         },
+    }
+}
+
+/// The outcome a case is counted under.
+fn label(seen: &Seen) -> String {
+    match seen {
+        Seen::Forward {
+            add_credentials, ..
+        } => format!("forward, credentials added: {add_credentials}"),
+        Seen::Refuse { grpc, stale, .. } => {
+            format!("refuse {grpc}{}", if *stale { " (stale map)" } else { "" })
+        }
     }
 }
 
@@ -160,7 +186,7 @@ fn http_decision(case: &Case, names: &[&str], cx: &policy::Context<'_>) -> Seen 
     let req = with_credentials(req, case.credentials);
     let routed = route(req.method(), req.uri().path(), req.uri().query(), None);
     seen(policy::decide(
-        &refuse::model(&routed, req.uri().query(), req.headers()),
+        &refuse::model(&routed, req.method(), req.uri().query(), req.headers()),
         cx,
     ))
 }
@@ -221,18 +247,22 @@ fn equivalent_http_and_grpc_requests_reach_the_same_decision() {
             mapping: case.mapped.then_some(&mapping),
             allow_physical: case.allow_physical,
             adc: case.adc,
+            stale: case.stale.then_some(STALE),
         };
         let names = case.names.map(|i| NAMES[i]);
         let count = OPERATIONS[case.operation].keys.len();
         let http = http_decision(&case, &names[..count], &cx);
         let grpc = grpc_decision(&case, &names[..count], &cx);
         prop_assert_eq!(&http, &grpc, "{:?}", case);
-        let label = match &http {
-            Seen::Forward {
-                add_credentials, ..
-            } => format!("forward, credentials added: {add_credentials}"),
-            Seen::Refuse { grpc, .. } => format!("refuse {grpc}"),
-        };
+        let label = label(&http);
+        let writes = OPERATIONS[case.operation].method != Method::GET;
+        if case.stale && writes {
+            prop_assert!(
+                !matches!(http, Seen::Forward { .. }),
+                "a write with a stale map was forwarded: {:?}",
+                case
+            );
+        }
         if let Ok(mut outcomes) = outcomes.lock() {
             *outcomes.entry(label).or_default() += 1;
         }
@@ -249,6 +279,7 @@ fn equivalent_http_and_grpc_requests_reach_the_same_decision() {
         "refuse NOT_FOUND",
         "refuse PERMISSION_DENIED",
         "refuse UNAVAILABLE",
+        "refuse UNAVAILABLE (stale map)",
         "refuse UNIMPLEMENTED",
     ];
     for label in want {

@@ -271,17 +271,46 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     run_until(config, termination()).await
 }
 
+/// Reads the map once, then keeps it current until `stopped`: the
+/// directory's watch, and the API server's when `live` is set.
+fn follow_map(
+    config: &Config,
+    live: Option<crate::live::LiveConfig>,
+    store: &Arc<MappingStore>,
+    metrics: &Arc<Metrics>,
+    stopped: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut last_error = None;
+    crate::watch::reload_and_report(store, metrics, &mut last_error);
+    let mut tasks = vec![tokio::spawn(crate::watch::run(
+        store.clone(),
+        metrics.clone(),
+        config.mapping_poll_interval,
+        last_error,
+        stopped.clone(),
+    ))];
+    if let Some(live) = live {
+        tasks.push(tokio::spawn(crate::live::run(
+            live,
+            store.clone(),
+            metrics.clone(),
+            stopped.clone(),
+        )));
+    }
+    tasks
+}
+
 /// Runs the sidecar until `stop` completes, then drains as on SIGTERM: the
 /// binary stops on a signal ([`run`]), `cargo dev`'s demo, which runs the
 /// sidecar inside its own process, when the demo ends.
 pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
-    let store = Arc::new(MappingStore::new(
-        config.mapping_dir.clone(),
-        config.maps.clone(),
-    ));
-    let mut last_error = None;
-    crate::watch::reload_and_report(&store, &metrics, &mut last_error);
+    let live = crate::live::config_of(&config)?;
+    let mut store = MappingStore::new(config.mapping_dir.clone(), config.maps.clone());
+    if live.is_some() {
+        store = store.following(config.max_map_age);
+    }
+    let store = Arc::new(store);
 
     let auth = if config.no_auth {
         Auth::None
@@ -305,13 +334,7 @@ pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow
     );
 
     let (stop_tx, stopped) = watch::channel(false);
-    let watcher = tokio::spawn(crate::watch::run(
-        store.clone(),
-        metrics.clone(),
-        config.mapping_poll_interval,
-        last_error,
-        stopped.clone(),
-    ));
+    let sources = follow_map(&config, live, &store, &metrics, &stopped);
     let metrics_server = metrics_listener.map(|listener| {
         tokio::spawn(serve(
             listener,
@@ -336,7 +359,9 @@ pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow
     if let Some(task) = metrics_server {
         task.await.context("the metrics listener task failed")??;
     }
-    let _ = watcher.await;
+    for task in sources {
+        let _ = task.await;
+    }
     tracing::info!("bucketmap-sidecar stopped");
     Ok(())
 }

@@ -46,6 +46,31 @@ pub fn client_config(ca_file: Option<&Path>) -> anyhow::Result<rustls::ClientCon
     Ok(config)
 }
 
+/// The client configuration towards the Kubernetes API server: the
+/// cluster's CA certificates (`ca.crt` of the ServiceAccount volume) and
+/// nothing else.
+pub fn cluster_config(ca_file: &Path) -> anyhow::Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca_file)
+        .with_context(|| format!("cannot read the cluster CA {}", ca_file.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("the cluster CA {} is not PEM", ca_file.display()))?;
+    let (added, _) = roots.add_parsable_certificates(certs);
+    anyhow::ensure!(
+        added > 0,
+        "the cluster CA {} holds no usable certificate",
+        ca_file.display()
+    );
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("cannot configure TLS for the API server")?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(config)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,19 @@ use crate::metrics::{Metrics, ResultLabels};
 /// Reloads the mapping once, logging and counting what happened.
 /// `last_error` suppresses repeating the same warning on every poll.
 pub fn reload_and_report(store: &MappingStore, metrics: &Metrics, last_error: &mut Option<String>) {
-    match store.reload() {
+    report(store, metrics, store.reload(), last_error, "volume");
+}
+
+/// Logs and counts what a load of the map from `source` (`volume`, or the
+/// API server's `list` or `watch`) did.
+pub fn report(
+    store: &MappingStore,
+    metrics: &Metrics,
+    outcome: ReloadOutcome,
+    last_error: &mut Option<String>,
+    source: &'static str,
+) {
+    match outcome {
         ReloadOutcome::Unchanged => {
             if last_error.take().is_some() {
                 tracing::info!(
@@ -46,7 +58,7 @@ pub fn reload_and_report(store: &MappingStore, metrics: &Metrics, last_error: &m
                         .collect()
                 })
                 .unwrap_or_default();
-            tracing::info!(entries, mapping = %names.join(","), "mapping loaded");
+            tracing::info!(entries, source, mapping = %names.join(","), "mapping loaded");
         }
         ReloadOutcome::Failed(err) => {
             metrics

@@ -19,6 +19,7 @@
 //! | no map loaded | [`Kind::NotReady`] | 503 `backendNotReady` | `UNAVAILABLE` |
 //! | a name the map does not know | [`Kind::UnknownBucket`] | 404 `notFound` | `NOT_FOUND` |
 //! | a physical name, not allowed | [`Kind::PhysicalName`] | 403 `forbidden` | `PERMISSION_DENIED` |
+//! | a write while the map is stale ([`Staleness`]) | [`Kind::StaleMap`] | 503 `backendNotReady` | `UNAVAILABLE` |
 //! | no own credentials, ADC configured | forward, credentials added ([`adds_credentials`]) | | |
 //! | the credentials cannot be obtained (the shell's I/O) | [`Kind::CredentialsUnavailable`] | 503 `backendError` | `UNAVAILABLE` |
 
@@ -53,6 +54,23 @@ pub struct Request<'a> {
     pub buckets: Names<'a>,
     /// Whether the client's own `Authorization` reaches the upstream.
     pub credentials: bool,
+    /// Whether the request may change data or metadata in GCS (anything
+    /// but a read: see [`is_read_method`] and [`is_read_rpc`]).
+    pub writes: bool,
+}
+
+/// How long ago the sidecar last confirmed its map with the API server,
+/// once that is longer than the bound (`--max-map-age`): writes are then
+/// refused and reads still served (docs/ARCHITECTURE.md, "How fresh a
+/// sidecar's map is").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Staleness {
+    /// Since the last confirmation, or since start when there was none.
+    pub age: std::time::Duration,
+    /// The bound.
+    pub bound: std::time::Duration,
+    /// Whether the map was ever confirmed by the API server.
+    pub confirmed_once: bool,
 }
 
 /// What the policy decides with: the sidecar's state and settings.
@@ -64,6 +82,8 @@ pub struct Context<'m> {
     pub allow_physical: bool,
     /// Whether the sidecar has credentials of its own to add (ADC).
     pub adc: bool,
+    /// Set when the map is older than the bound: writes are refused.
+    pub stale: Option<Staleness>,
 }
 
 /// What happens to a request.
@@ -101,6 +121,9 @@ fn decide_forward<'a>(request: &Request<'a>, cx: &Context<'a>) -> Result<Decisio
         .iter()
         .map(|name| bucket(mapping, cx.allow_physical, name))
         .collect::<Result<Names<'a>, Refusal>>()?;
+    if let (true, Some(stale)) = (request.writes, cx.stale) {
+        return Err(Refusal::stale_map(stale));
+    }
     Ok(Decision::Forward {
         operation,
         physical,
@@ -130,6 +153,25 @@ pub fn bucket<'m>(
         Some(logical) => Err(Refusal::physical_name_refused(name, logical)),
         None => Err(Refusal::unknown_bucket(name)),
     }
+}
+
+/// Whether an HTTP request of this method only reads: `GET` and `HEAD`.
+/// Everything else is taken as a write, including the JSON API's batch
+/// `POST` whatever its parts are (deny by default: the parts are not read
+/// before the decision).
+pub fn is_read_method(method: &http::Method) -> bool {
+    matches!(*method, http::Method::GET | http::Method::HEAD)
+}
+
+/// Whether a gRPC method (`/package.Service/Method`) only reads: the
+/// `Get`, `List`, `Read` and `Test` methods and `QueryWriteStatus`.
+/// Everything else, unknown methods included, is taken as a write.
+pub fn is_read_rpc(path: &str) -> bool {
+    let method = path.rsplit('/').next().unwrap_or_default();
+    ["Get", "List", "Read", "BidiRead", "TestIamPermissions"]
+        .iter()
+        .any(|prefix| method.starts_with(prefix))
+        || method == "QueryWriteStatus"
 }
 
 /// Whether the sidecar adds its own credentials to a request: when the

@@ -41,6 +41,8 @@ pub enum Kind {
     BadGateway,
     /// The upstream did not answer in time.
     GatewayTimeout,
+    /// A write while the map has not been confirmed for longer than the bound.
+    StaleMap,
 }
 
 /// One row of [`TABLE`]: how a kind of refusal is said in each protocol.
@@ -80,7 +82,7 @@ const fn row(
 
 /// Every kind of refusal, once, in the order of [`Kind`].
 #[rustfmt::skip]
-pub const TABLE: [Row; 10] = {
+pub const TABLE: [Row; 11] = {
     use Kind::*;
     [
         row(UnknownBucket, "UNKNOWN_BUCKET", StatusCode::NOT_FOUND, "notFound", "NoSuchBucket", Code::NotFound),
@@ -93,6 +95,7 @@ pub const TABLE: [Row; 10] = {
         row(CredentialsUnavailable, "CREDENTIALS_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE, "backendError", "ServiceUnavailable", Code::Unavailable),
         row(BadGateway, "BAD_GATEWAY", StatusCode::BAD_GATEWAY, "backendError", "InternalError", Code::Unavailable),
         row(GatewayTimeout, "GATEWAY_TIMEOUT", StatusCode::GATEWAY_TIMEOUT, "backendError", "RequestTimeout", Code::DeadlineExceeded),
+        row(StaleMap, "STALE_MAP", StatusCode::SERVICE_UNAVAILABLE, "backendNotReady", "ServiceUnavailable", Code::Unavailable),
     ]
 };
 
@@ -255,6 +258,29 @@ impl Refusal {
         )
     }
 
+    /// A write while the map is older than the bound: the operator may have
+    /// moved the bucket since, and relies on no sidecar writing past it.
+    pub fn stale_map(stale: super::Staleness) -> Self {
+        let since = if stale.confirmed_once {
+            format!("was last confirmed {}s ago", stale.age.as_secs())
+        } else {
+            format!(
+                "has not been confirmed since the sidecar started {}s ago",
+                stale.age.as_secs()
+            )
+        };
+        Self::new(
+            Kind::StaleMap,
+            format!(
+                "bucketmap-sidecar refuses writes: its bucket map {since} with the Kubernetes API \
+                 server, longer than the bound of {}s (--max-map-age), so the bucket may have \
+                 moved. Reads are still served; writes resume as soon as the map is confirmed \
+                 again. Retry later.",
+                stale.bound.as_secs()
+            ),
+        )
+    }
+
     /// No mapping has been loaded yet.
     pub fn not_ready() -> Self {
         Self::new(
@@ -341,7 +367,8 @@ mod tests {
             assert_eq!(row.kind as usize, i, "{row:?}");
             assert_eq!(row.kind.row(), row);
         }
-        assert_eq!(TABLE.len(), 10);
+        assert_eq!(TABLE.len(), 11);
+        assert_eq!(TABLE.last().map(|r| r.kind), Some(Kind::StaleMap));
     }
 
     #[test]

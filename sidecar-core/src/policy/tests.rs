@@ -13,6 +13,7 @@ fn request<'a>(buckets: &[&'a str], credentials: bool) -> Request<'a> {
         framing: None,
         buckets: buckets.iter().copied().collect(),
         credentials,
+        writes: false,
     }
 }
 
@@ -30,6 +31,7 @@ fn each_check_refuses_in_its_order() {
         mapping: Some(&m),
         allow_physical: false,
         adc: true,
+        stale: None,
     };
     let none = Context {
         mapping: None,
@@ -69,6 +71,7 @@ fn a_forwarded_request_has_its_physical_names_and_credentials() {
         mapping: Some(&m),
         allow_physical: true,
         adc: true,
+        stale: None,
     };
     let both = request(&["photos", "photos-k3x9q2mw"], false);
     let want: Names<'_> = smallvec!["photos-k3x9q2mw", "photos-k3x9q2mw"];
@@ -113,4 +116,110 @@ fn not_ready_is_unavailable_in_both_protocols() {
     assert_eq!(refusal.status.as_u16(), 503);
     assert_eq!(refusal.reason, "backendNotReady");
     assert_eq!(refusal.grpc_status().code(), Code::Unavailable);
+}
+
+#[test]
+fn a_stale_map_refuses_writes_and_serves_reads() {
+    let m = mapping();
+    let stale = Staleness {
+        age: std::time::Duration::from_secs(75),
+        bound: std::time::Duration::from_secs(60),
+        confirmed_once: true,
+    };
+    let cx = Context {
+        mapping: Some(&m),
+        allow_physical: false,
+        adc: true,
+        stale: Some(stale),
+    };
+    let fresh = Context { stale: None, ..cx };
+    let read = request(&["photos"], false);
+    let write = Request {
+        writes: true,
+        ..read.clone()
+    };
+    assert_eq!(kind(&decide(&read, &cx)), None);
+    assert_eq!(kind(&decide(&write, &fresh)), None);
+    let Decision::Refuse(refusal) = decide(&write, &cx) else {
+        panic!("a write with a stale map was forwarded");
+    };
+    assert_eq!(refusal.kind, Kind::StaleMap);
+    assert_eq!(refusal.status.as_u16(), 503);
+    assert_eq!(refusal.grpc_status().code(), Code::Unavailable);
+    assert!(
+        refusal.message.contains("last confirmed 75s ago"),
+        "{refusal}"
+    );
+    assert!(refusal.message.contains("bound of 60s"), "{refusal}");
+    // A name the map does not know is still a 404, stale or not.
+    let unknown = Request {
+        writes: true,
+        ..request(&["nope"], false)
+    };
+    assert_eq!(kind(&decide(&unknown, &cx)), Some(Kind::UnknownBucket));
+    let never = Staleness {
+        confirmed_once: false,
+        ..stale
+    };
+    let Decision::Refuse(refusal) = decide(
+        &write,
+        &Context {
+            stale: Some(never),
+            ..cx
+        },
+    ) else {
+        panic!("forwarded");
+    };
+    assert!(
+        refusal.message.contains("not been confirmed since"),
+        "{refusal}"
+    );
+}
+
+#[test]
+fn only_reads_are_reads() {
+    use http::Method;
+    for (method, read) in [
+        (Method::GET, true),
+        (Method::HEAD, true),
+        (Method::POST, false),
+        (Method::PUT, false),
+        (Method::PATCH, false),
+        (Method::DELETE, false),
+        (Method::OPTIONS, false),
+    ] {
+        assert_eq!(is_read_method(&method), read, "{method}");
+    }
+    for (path, read) in [
+        ("/google.storage.v2.Storage/ReadObject", true),
+        ("/google.storage.v2.Storage/BidiReadObject", true),
+        ("/google.storage.v2.Storage/GetObject", true),
+        ("/google.storage.v2.Storage/ListObjects", true),
+        ("/google.storage.v2.Storage/GetBucket", true),
+        ("/google.storage.v2.Storage/TestIamPermissions", true),
+        ("/google.storage.v2.Storage/QueryWriteStatus", true),
+        ("/google.storage.control.v2.StorageControl/GetFolder", true),
+        ("/google.storage.v2.Storage/WriteObject", false),
+        ("/google.storage.v2.Storage/BidiWriteObject", false),
+        ("/google.storage.v2.Storage/StartResumableWrite", false),
+        ("/google.storage.v2.Storage/CancelResumableWrite", false),
+        ("/google.storage.v2.Storage/ComposeObject", false),
+        ("/google.storage.v2.Storage/RewriteObject", false),
+        ("/google.storage.v2.Storage/MoveObject", false),
+        ("/google.storage.v2.Storage/RestoreObject", false),
+        ("/google.storage.v2.Storage/DeleteObject", false),
+        ("/google.storage.v2.Storage/UpdateObject", false),
+        ("/google.storage.v2.Storage/SetIamPolicy", false),
+        (
+            "/google.storage.v2.Storage/LockBucketRetentionPolicy",
+            false,
+        ),
+        (
+            "/google.storage.control.v2.StorageControl/CreateFolder",
+            false,
+        ),
+        ("/google.storage.v2.Storage/NoSuchMethod", false),
+    ] {
+        assert_eq!(is_read_rpc(path), read, "{path}");
+    }
 }

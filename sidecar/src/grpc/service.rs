@@ -328,6 +328,7 @@ pub fn model<'a, B>(
         framing,
         buckets: routing.iter().flatten().map(String::as_str).collect(),
         credentials: forwards_authorization(req.headers()),
+        writes: !policy::is_read_rpc(path),
     }
 }
 
@@ -366,6 +367,7 @@ impl GrpcProxy {
             mapping: mapping.as_deref(),
             allow_physical: self.settings.allow_physical_names,
             adc: self.auth.adds(),
+            stale: self.mapping.staleness(),
         };
         let add_credentials = match policy::decide(&model(&req, rpc, &deadline, &routing), &cx) {
             Decision::Forward {

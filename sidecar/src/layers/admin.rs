@@ -40,7 +40,11 @@ impl Admin {
             "readyz" => self.readiness(),
             "metrics" => text(
                 StatusCode::OK,
-                self.metrics.encode(),
+                {
+                    let age = self.mapping.map_age().map_or(f64::NAN, |a| a.as_secs_f64());
+                    self.metrics.map_age.set(age);
+                    self.metrics.encode()
+                },
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             ),
             _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
@@ -51,9 +55,14 @@ impl Admin {
     /// they hold no entry (see [`MappingStore::is_ready`]).
     fn readiness(&self) -> Response<ProxyBody> {
         match (self.mapping.current(), self.mapping.not_ready_reason()) {
-            (Some(m), _) => text(
+            (Some(m), None) => text(
                 StatusCode::OK,
-                format!("ready: {} buckets mapped\n", m.len()),
+                format!("ready: {} buckets mapped{}\n", m.len(), self.freshness()),
+                "text/plain",
+            ),
+            (Some(_), Some(reason)) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {reason}\n"),
                 "text/plain",
             ),
             (None, reason) => text(
@@ -63,6 +72,25 @@ impl Admin {
                     reason.as_deref().unwrap_or("no mapping loaded yet")
                 ),
                 "text/plain",
+            ),
+        }
+    }
+}
+
+impl Admin {
+    /// How fresh the map is, for readyz: a stale map keeps the sidecar
+    /// ready (reads are served; an API server outage must not take every
+    /// pod out of its Services) and says so.
+    fn freshness(&self) -> String {
+        let Some(age) = self.mapping.map_age() else {
+            return String::new();
+        };
+        match self.mapping.staleness() {
+            None => format!("; map confirmed by the API server {}s ago", age.as_secs()),
+            Some(stale) => format!(
+                "; map NOT confirmed for {}s, more than its bound of {}s: writes are refused, reads served",
+                stale.age.as_secs(),
+                stale.bound.as_secs()
             ),
         }
     }

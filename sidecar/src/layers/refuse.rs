@@ -98,13 +98,14 @@ impl RefuseLayer {
             allow_physical: self.allow_physical_names,
             // Credentials are the next layer's ([`super::credentials`]).
             adc: false,
+            stale: self.mapping.staleness(),
         };
         let (style, operation) = match &routed {
             Ok(routed) => (routed.api.error_style(), routed.operation),
             Err(_) => (guess_style(path), "unrouted"),
         };
         let refuse = |error| Refusal::new(error, style, operation);
-        let decision = policy::decide(&model(&routed, query, req.headers()), &cx);
+        let decision = policy::decide(&model(&routed, &method, query, req.headers()), &cx);
         let upstream_path = match (&routed, decision) {
             (Ok(routed), Decision::Forward { physical, .. }) => {
                 physical_path(routed, &physical, path, query).map_err(refuse)?
@@ -137,6 +138,7 @@ impl RefuseLayer {
 /// whether the client's own `Authorization` reaches the upstream.
 pub fn model<'a>(
     routed: &'a Result<Route, RouteError>,
+    method: &Method,
     query: Option<&str>,
     headers: &HeaderMap,
 ) -> policy::Request<'a> {
@@ -147,12 +149,14 @@ pub fn model<'a>(
             framing: None,
             buckets: policy::Names::new(),
             credentials,
+            writes: !policy::is_read_method(method),
         },
         Ok(routed) => policy::Request {
             operation: Ok(routed.operation),
             framing: signature_kind(query, headers).map(ApiError::signed_request),
             buckets: routed.bucket_names().collect(),
             credentials,
+            writes: !policy::is_read_method(method),
         },
     }
 }

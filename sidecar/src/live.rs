@@ -1,0 +1,491 @@
+//! Follows the namespace's bucket map ConfigMap through the Kubernetes API
+//! server (`--map-configmap`), so a changed map reaches the sidecar within
+//! the API server's watch latency instead of at the kubelet's next volume
+//! sync, and so the sidecar knows how fresh its map is.
+//!
+//! One object, one namespace, the pod's own ServiceAccount token (a
+//! projected, audience-bound token the kubelet rotates: re-read from its
+//! file for every request). The loop:
+//!
+//! 1. A consistent LIST of that one ConfigMap (`fieldSelector`
+//!    `metadata.name`, no `resourceVersion`: the API server answers with
+//!    the state as of the moment it handles the request). Its map is
+//!    applied, and the sidecar counts its map as confirmed *as of the
+//!    moment the request was sent* ([`MappingStore::confirm`]): any change
+//!    written before then is in it.
+//! 2. A WATCH from the list's `resourceVersion`, with bookmarks, ended by
+//!    the API server after the relist period; every event is applied at
+//!    once. Then 1 again. A watch event proves nothing about wall-clock
+//!    time (the API server's watch cache may lag), so only the lists
+//!    confirm: a sidecar cut off from the API server stops confirming, and
+//!    once its map is older than `--max-map-age` it refuses writes
+//!    ([`MappingStore::staleness`]; the rule is docs/ARCHITECTURE.md's).
+//!
+//! Failures (no route, a refused token, a 403 before the namespace's
+//! RoleBinding exists) are logged once per kind and retried with backoff up
+//! to the relist period; the mounted volume stays in force until the first
+//! list succeeds. A map that fails to validate is never applied (the last
+//! good one stays), as for the volume.
+//!
+//! Hand-written over `kube`'s runtime: the sidecar watches one object, and
+//! `kube`'s client and reflector (with their dependencies) would grow the
+//! idle sidecar's memory, which docs/BENCHMARKS.md holds at its floor.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt as _, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::mapping::MappingStore;
+use crate::metrics::Metrics;
+
+/// Where and what to follow.
+#[derive(Clone, Debug)]
+pub struct LiveConfig {
+    /// The API server's base URL (`https://host:port`).
+    pub api: Uri,
+    /// The ConfigMap's namespace (the pod's).
+    pub namespace: String,
+    /// The ConfigMap's name.
+    pub name: String,
+    /// The ServiceAccount token, re-read for every request.
+    pub token_file: PathBuf,
+    /// The cluster's CA certificates (PEM).
+    pub ca_file: PathBuf,
+    /// How long each watch lasts before a consistent list confirms the map again.
+    pub relist: Duration,
+}
+
+type ApiClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// The ConfigMap as the sidecar reads it.
+#[derive(Debug, Deserialize)]
+struct ConfigMap {
+    #[serde(default)]
+    data: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ListMeta {
+    #[serde(rename = "resourceVersion")]
+    resource_version: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct List {
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<ConfigMap>,
+}
+
+/// One line of a watch: the event's type and its object (a ConfigMap, a
+/// bookmark's bare metadata, or an ERROR's Status), kept raw until the
+/// type says which.
+#[derive(Debug, Deserialize)]
+struct Event {
+    #[serde(rename = "type")]
+    kind: String,
+    object: serde_json::Value,
+}
+
+/// Why a watch ended.
+enum WatchEnd {
+    /// The API server ended it (its timeout) or it was shut down: relist.
+    Closed,
+    /// The resourceVersion is too old (410 Gone): relist.
+    Expired,
+}
+
+/// The API client: rustls with the cluster's CA only, HTTP/1.1, pooled
+/// (the list and the watch after it reuse one connection).
+pub fn client(cfg: &LiveConfig) -> anyhow::Result<ApiClient> {
+    let tls = crate::tls::cluster_config(&cfg.ca_file)?;
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(crate::upstream::tcp_connector(Duration::from_secs(5)));
+    Ok(Client::builder(TokioExecutor::new()).build(https))
+}
+
+/// Follows the map until `shutdown` turns true.
+pub async fn run(
+    cfg: LiveConfig,
+    store: Arc<MappingStore>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let client = match client(&cfg) {
+        Ok(client) => client,
+        Err(err) => {
+            tracing::warn!(
+                error = format!("{err:#}"),
+                "cannot follow the bucket map through the API server; the mounted volume stays the only source"
+            );
+            store.live_attempted();
+            return;
+        }
+    };
+    let mut follower = Follower::new(cfg, client, store, metrics);
+    tokio::select! {
+        () = follower.follow() => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// The loop's state.
+struct Follower {
+    cfg: LiveConfig,
+    client: ApiClient,
+    store: Arc<MappingStore>,
+    metrics: Arc<Metrics>,
+    /// The failure last logged, so a repeated one is logged once.
+    last_error: Option<String>,
+    /// The last invalid map logged, likewise.
+    last_invalid: Option<String>,
+    /// The logged freshness: whether the map was past its bound.
+    was_stale: bool,
+}
+
+impl Follower {
+    fn new(
+        cfg: LiveConfig,
+        client: ApiClient,
+        store: Arc<MappingStore>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            cfg,
+            client,
+            store,
+            metrics,
+            last_error: None,
+            last_invalid: None,
+            was_stale: false,
+        }
+    }
+
+    /// List, watch, list again; back off on failure.
+    async fn follow(&mut self) {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let sent = Instant::now();
+            match self.list().await {
+                Ok((entries, version)) => {
+                    backoff = Duration::from_millis(250);
+                    self.apply(entries, "list");
+                    self.store.confirm(sent);
+                    self.recovered();
+                    self.watch_until_end(&version).await;
+                }
+                Err(err) => {
+                    self.failed(&err);
+                    self.sleep_watching_age(backoff).await;
+                    backoff = (backoff * 2).min(self.cfg.relist);
+                }
+            }
+        }
+    }
+
+    /// Watches until the watch ends, logging the map's age on the way.
+    async fn watch_until_end(&mut self, version: &str) {
+        let result = self.watch(version).await;
+        match result {
+            Ok(WatchEnd::Closed | WatchEnd::Expired) => {}
+            Err(err) => self.failed(&err),
+        }
+    }
+
+    /// A consistent list of the one ConfigMap: its entries (none when it
+    /// does not exist) and the list's resourceVersion.
+    async fn list(&self) -> anyhow::Result<(Vec<(String, String)>, String)> {
+        let body = tokio::time::timeout(Duration::from_secs(10), self.get(&self.path(None)))
+            .await
+            .context("the list took longer than 10 s")??;
+        let list: List =
+            serde_json::from_slice(&body).context("the list is not a ConfigMapList")?;
+        let entries = list
+            .items
+            .into_iter()
+            .next()
+            .map(|cm| entries(cm.data))
+            .unwrap_or_default();
+        Ok((entries, list.metadata.resource_version))
+    }
+
+    /// One watch from `version`, applying each event, until the API server
+    /// ends it (after the relist period) or it fails.
+    async fn watch(&mut self, version: &str) -> anyhow::Result<WatchEnd> {
+        let response = self.send(&self.path(Some(version))).await?;
+        let mut body = response.into_body();
+        let mut buffer = BytesMut::new();
+        // The API server ends the watch after `relist`; silence much longer
+        // than that is a dead connection.
+        let patience = self.cfg.relist + Duration::from_secs(5);
+        loop {
+            let frame = tokio::time::timeout(patience, body.frame()).await;
+            let frame = match frame {
+                Err(_) => bail!("the watch went silent for {patience:?}"),
+                Ok(None) => return Ok(WatchEnd::Closed),
+                Ok(Some(frame)) => frame.context("the watch failed")?,
+            };
+            if let Ok(data) = frame.into_data() {
+                buffer.extend_from_slice(&data);
+            }
+            while let Some(at) = buffer.iter().position(|b| *b == b'\n') {
+                let line = buffer.split_to(at + 1);
+                if let Some(end) = self.event(line.chunk())? {
+                    return Ok(end);
+                }
+            }
+        }
+    }
+
+    /// Applies one watch line; `Some` when the watch must end.
+    fn event(&mut self, line: &[u8]) -> anyhow::Result<Option<WatchEnd>> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let event: Event = serde_json::from_slice(line).context("a watch event is not JSON")?;
+        match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => {
+                let cm: ConfigMap = serde_json::from_value(event.object)
+                    .context("a watch event holds no ConfigMap")?;
+                self.apply(entries(cm.data), "watch");
+            }
+            "DELETED" => self.apply(Vec::new(), "watch"),
+            "BOOKMARK" => {}
+            "ERROR" => {
+                let code = event.object.get("code").and_then(serde_json::Value::as_u64);
+                if code == Some(410) {
+                    return Ok(Some(WatchEnd::Expired));
+                }
+                bail!("the watch ended with an error: {}", event.object);
+            }
+            other => bail!("unknown watch event type {other:?}"),
+        }
+        Ok(None)
+    }
+
+    /// Puts a map from the API server in force (or reports why not).
+    fn apply(&mut self, entries: Vec<(String, String)>, source: &'static str) {
+        let outcome = self.store.apply_live(entries);
+        crate::watch::report(
+            &self.store,
+            &self.metrics,
+            outcome,
+            &mut self.last_invalid,
+            source,
+        );
+    }
+
+    /// The collection path: the list, or a watch from `version`.
+    fn path(&self, version: Option<&str>) -> String {
+        let base = format!(
+            "/api/v1/namespaces/{}/configmaps?fieldSelector=metadata.name%3D{}",
+            self.cfg.namespace, self.cfg.name
+        );
+        match version {
+            None => base,
+            Some(version) => format!(
+                "{base}&watch=true&allowWatchBookmarks=true&resourceVersion={version}&timeoutSeconds={}",
+                self.cfg.relist.as_secs().max(1)
+            ),
+        }
+    }
+
+    /// A GET whose whole body is read.
+    async fn get(&self, path: &str) -> anyhow::Result<Bytes> {
+        let response = self.send(path).await?;
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .context("the response broke off")?;
+        Ok(body.to_bytes())
+    }
+
+    /// Sends a GET with the current token; a status other than 200 is an error.
+    async fn send(&self, path: &str) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+        let token = std::fs::read_to_string(&self.cfg.token_file)
+            .with_context(|| format!("cannot read the token {}", self.cfg.token_file.display()))?;
+        let uri = format!("{}{}", self.cfg.api.to_string().trim_end_matches('/'), path);
+        let request = Request::get(&uri)
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", token.trim()),
+            )
+            .header(http::header::ACCEPT, "application/json")
+            .body(Empty::new())
+            .context("cannot build the request")?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .with_context(|| format!("cannot reach the API server at {}", self.cfg.api))?;
+        if response.status() != StatusCode::OK {
+            let status = response.status();
+            let body = response.into_body().collect().await.map(|b| b.to_bytes());
+            let text = body.map(|b| String::from_utf8_lossy(&b).into_owned());
+            bail!(
+                "the API server answered {status}: {}",
+                text.unwrap_or_default().trim()
+            );
+        }
+        Ok(response)
+    }
+
+    /// Reports a failure once per distinct message.
+    fn failed(&mut self, err: &anyhow::Error) {
+        self.store.live_attempted();
+        self.metrics.count_live_failure();
+        let message = format!("{err:#}");
+        if self.last_error.as_deref() != Some(&message) {
+            tracing::warn!(error = %message, map = %self.cfg.name, "cannot follow the bucket map through the API server; retrying (the map in force stays)");
+            self.last_error = Some(message);
+        }
+        self.log_transition();
+    }
+
+    /// Logs the first success after failures.
+    fn recovered(&mut self) {
+        if self.last_error.take().is_some() {
+            tracing::info!(map = %self.cfg.name, "following the bucket map through the API server again");
+        }
+        self.log_transition();
+    }
+
+    /// Sleeps `pause`, logging the moment the map passes its bound.
+    async fn sleep_watching_age(&mut self, pause: Duration) {
+        let until = Instant::now() + pause;
+        if let Some(at) = self.store.stale_at().filter(|at| *at < until) {
+            tokio::time::sleep_until(at.into()).await;
+            self.log_transition();
+        }
+        tokio::time::sleep_until(until.into()).await;
+        self.log_transition();
+    }
+
+    /// One log line when the map passes its bound, one when it is back.
+    fn log_transition(&mut self) {
+        let stale = self.store.staleness();
+        match (self.was_stale, stale) {
+            (false, Some(s)) => tracing::warn!(
+                age_seconds = s.age.as_secs(),
+                bound_seconds = s.bound.as_secs(),
+                "the bucket map is older than its bound: writes are refused, reads are served"
+            ),
+            (true, None) => {
+                tracing::info!("the bucket map is confirmed again: writes are served");
+            }
+            _ => {}
+        }
+        self.was_stale = stale.is_some();
+    }
+}
+
+/// A ConfigMap's data as map entries: keys starting with `.` are not
+/// entries (as in the mounted volume, where they are hidden files).
+fn entries(data: BTreeMap<String, String>) -> Vec<(String, String)> {
+    data.into_iter()
+        .filter(|(key, _)| !key.starts_with('.'))
+        .map(|(key, value)| (key, value.trim().to_owned()))
+        .collect()
+}
+
+/// What to follow, from the command line: `None` without `--map-configmap`.
+pub fn config_of(config: &crate::config::Config) -> anyhow::Result<Option<LiveConfig>> {
+    let Some(name) = config.map_configmap.clone() else {
+        return Ok(None);
+    };
+    let dir = &config.kube_credentials_dir;
+    let namespace_file = dir.join("namespace");
+    let namespace = std::fs::read_to_string(&namespace_file)
+        .with_context(|| {
+            format!(
+                "cannot read the pod's namespace from {}",
+                namespace_file.display()
+            )
+        })?
+        .trim()
+        .to_owned();
+    anyhow::ensure!(
+        !namespace.is_empty(),
+        "{} is empty",
+        namespace_file.display()
+    );
+    let api = match &config.kube_api {
+        Some(api) => api.clone(),
+        None => in_cluster_api()?,
+    };
+    Ok(Some(LiveConfig {
+        api,
+        namespace,
+        name,
+        token_file: dir.join("token"),
+        ca_file: dir.join("ca.crt"),
+        relist: (config.max_map_age / 4).max(Duration::from_secs(1)),
+    }))
+}
+
+/// The API server of the pod's cluster, from the environment the kubelet
+/// gives every container.
+pub fn in_cluster_api() -> anyhow::Result<Uri> {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST")
+        .context("KUBERNETES_SERVICE_HOST is not set (give --kube-api)")?;
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".to_owned());
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    format!("https://{host}:{port}")
+        .parse()
+        .context("KUBERNETES_SERVICE_HOST/PORT do not make a URL")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hidden_keys_are_not_entries_and_values_are_trimmed() {
+        let data = [
+            ("photos".to_owned(), "photos-k3x9q2mw\n".to_owned()),
+            (".marks".to_owned(), "x".to_owned()),
+        ]
+        .into();
+        assert_eq!(
+            entries(data),
+            vec![("photos".to_owned(), "photos-k3x9q2mw".to_owned())]
+        );
+    }
+
+    #[test]
+    fn a_watch_line_of_each_type_is_read() -> anyhow::Result<()> {
+        let list: List = serde_json::from_str(
+            r#"{"kind":"ConfigMapList","metadata":{"resourceVersion":"42"},"items":[{"metadata":{"name":"bucketmap"},"data":{"photos":"photos-k3x9q2mw"}}]}"#,
+        )?;
+        assert_eq!(list.metadata.resource_version, "42");
+        assert_eq!(list.items.len(), 1);
+        let empty: List =
+            serde_json::from_str(r#"{"metadata":{"resourceVersion":"7"},"items":[]}"#)?;
+        assert!(empty.items.is_empty());
+        let gone: Event = serde_json::from_str(
+            r#"{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired"}}"#,
+        )?;
+        assert_eq!(gone.kind, "ERROR");
+        assert_eq!(gone.object.get("code").and_then(|c| c.as_u64()), Some(410));
+        Ok(())
+    }
+}
