@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction, Pod,
-    Probe, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
+    DownwardAPIProjection, DownwardAPIVolumeFile, EnvVar, HTTPGetAction, KeyToPath,
+    ObjectFieldSelector, Pod, ProjectedVolumeSource, Probe, ResourceRequirements, SeccompProfile,
+    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -19,6 +21,21 @@ pub const SIDECAR_NAME: &str = "bucketmap-sidecar";
 pub const MAP_VOLUME: &str = "bucketmap-map";
 /// Where the sidecar reads the bucket map.
 pub const MAP_MOUNT_PATH: &str = "/etc/bucketmap/map";
+/// Name of the injected volume holding the ServiceAccount token the
+/// sidecar follows the map with.
+pub const TOKEN_VOLUME: &str = "bucketmap-token";
+/// Where the sidecar reads its token, the cluster CA and its namespace: not
+/// the standard ServiceAccount path, which the kubelet's own projection of
+/// the app containers' token may take.
+pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/bucketmap.dev/serviceaccount";
+/// The token's lifetime; the kubelet renews it at 80 % of it, and the
+/// sidecar re-reads the file for every request.
+pub const TOKEN_SECONDS: i64 = 3607;
+/// The bound on a sidecar's map age (`--max-map-age`): past it without a
+/// confirmation from the API server, a sidecar refuses writes. The
+/// operator moves a logical name only once a change is older than this
+/// (docs/ARCHITECTURE.md, "How fresh a sidecar's map is").
+pub const MAX_MAP_AGE: &str = "60s";
 /// Name of the sidecar's admin port (probes and metrics). Distinctive, so it
 /// does not clash with an app container's own `metrics` port: duplicate port
 /// names in a pod make Services, probes and PodMonitors pick one of them.
@@ -219,6 +236,87 @@ pub fn sidecar_container(cfg: &InjectionConfig) -> Container {
     }
 }
 
+/// Lets the injected sidecar follow the map through the API server: a
+/// projected volume with the pod's ServiceAccount token (bound to the pod,
+/// for the API server's audience, rotated by the kubelet), the cluster CA
+/// and the namespace, and the flags to use it. Pods that opt out of a token
+/// (`automountServiceAccountToken: false`) are not given one: their sidecar
+/// serves the map from the volume alone.
+fn follow_through_api(spec: &mut k8s_openapi::api::core::v1::PodSpec, cfg: &InjectionConfig) {
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    if !volumes.iter().any(|v| v.name == TOKEN_VOLUME) {
+        volumes.push(token_volume());
+    }
+    let Some(sidecar) = spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .find(|c| c.name == SIDECAR_NAME)
+    else {
+        return;
+    };
+    sidecar.args.get_or_insert_with(Vec::new).extend([
+        format!("--map-configmap={}", cfg.map_name),
+        format!("--kube-credentials-dir={TOKEN_MOUNT_PATH}"),
+        format!("--max-map-age={MAX_MAP_AGE}"),
+    ]);
+    sidecar
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: TOKEN_VOLUME.to_owned(),
+            mount_path: TOKEN_MOUNT_PATH.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+}
+
+/// The projected volume of [`follow_through_api`], laid out as the
+/// kubelet's own ServiceAccount volume: `token`, `ca.crt`, `namespace`.
+fn token_volume() -> Volume {
+    let token = VolumeProjection {
+        service_account_token: Some(ServiceAccountTokenProjection {
+            path: "token".to_owned(),
+            expiration_seconds: Some(TOKEN_SECONDS),
+            audience: None,
+        }),
+        ..VolumeProjection::default()
+    };
+    let ca = VolumeProjection {
+        config_map: Some(ConfigMapProjection {
+            name: "kube-root-ca.crt".to_owned(),
+            items: Some(vec![KeyToPath {
+                key: "ca.crt".to_owned(),
+                path: "ca.crt".to_owned(),
+                mode: None,
+            }]),
+            optional: None,
+        }),
+        ..VolumeProjection::default()
+    };
+    let namespace = VolumeProjection {
+        downward_api: Some(DownwardAPIProjection {
+            items: Some(vec![DownwardAPIVolumeFile {
+                path: "namespace".to_owned(),
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: Some("v1".to_owned()),
+                    field_path: "metadata.namespace".to_owned(),
+                }),
+                ..DownwardAPIVolumeFile::default()
+            }]),
+        }),
+        ..VolumeProjection::default()
+    };
+    Volume {
+        name: TOKEN_VOLUME.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![token, ca, namespace]),
+            default_mode: None,
+        }),
+        ..Volume::default()
+    }
+}
+
 /// A warning for an injected pod that runs as its namespace's `default`
 /// ServiceAccount: the sidecar forwards with the pod's credentials, and
 /// `spec.access` grants a bucket to named ServiceAccounts.
@@ -287,6 +385,10 @@ pub fn inject(pod: &Pod, cfg: &InjectionConfig) -> Option<Pod> {
             }),
             ..Volume::default()
         });
+    }
+
+    if spec.automount_service_account_token != Some(false) {
+        follow_through_api(spec, cfg);
     }
 
     let env = client_env(cfg.port);
@@ -366,6 +468,56 @@ mod tests {
             }
         }))
         .expect("pod parses")
+    }
+
+    #[test]
+    fn the_sidecar_follows_the_map_with_a_projected_token_unless_the_pod_opts_out() {
+        let sidecar_of = |pod: &Pod| {
+            let spec = pod.spec.clone().expect("spec");
+            let sidecar = spec.init_containers.expect("init")[0].clone();
+            (spec.volumes.unwrap_or_default(), sidecar)
+        };
+        let (volumes, sidecar) = sidecar_of(&inject(&pod(true), &cfg()).expect("injected"));
+        let args = sidecar.args.clone().unwrap_or_default();
+        for want in [
+            "--map-configmap=bucketmap".to_owned(),
+            format!("--kube-credentials-dir={TOKEN_MOUNT_PATH}"),
+            format!("--max-map-age={MAX_MAP_AGE}"),
+            format!("--mapping-dir={MAP_MOUNT_PATH}"),
+        ] {
+            assert!(args.contains(&want), "{want} not in {args:?}");
+        }
+        let token = volumes
+            .iter()
+            .find(|v| v.name == TOKEN_VOLUME)
+            .and_then(|v| v.projected.clone())
+            .and_then(|p| p.sources)
+            .expect("token volume");
+        let projection = token[0]
+            .service_account_token
+            .clone()
+            .expect("a token projection");
+        assert_eq!(projection.expiration_seconds, Some(TOKEN_SECONDS));
+        assert_eq!(
+            token[1].config_map.as_ref().map(|c| c.name.as_str()),
+            Some("kube-root-ca.crt")
+        );
+        assert!(token[2].downward_api.is_some());
+        let mounts = sidecar.volume_mounts.unwrap_or_default();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.name == TOKEN_VOLUME && m.read_only == Some(true))
+        );
+        let mut opted_out = pod(true);
+        if let Some(spec) = opted_out.spec.as_mut() {
+            spec.automount_service_account_token = Some(false);
+        }
+        let (volumes, sidecar) = sidecar_of(&inject(&opted_out, &cfg()).expect("injected"));
+        assert!(volumes.iter().all(|v| v.name != TOKEN_VOLUME));
+        let args = sidecar.args.unwrap_or_default();
+        assert!(args.iter().all(|a| !a.starts_with("--map-configmap")));
+        assert!(args.contains(&format!("--mapping-dir={MAP_MOUNT_PATH}")));
     }
 
     #[test]
