@@ -85,7 +85,8 @@ pub struct MappingStore {
 struct Live {
     /// `--max-map-age`: past it without a confirmation, writes are refused.
     bound: Duration,
-    /// The process's start: the age of a map never confirmed counts from it.
+    /// The process's start: the age reported of a map never confirmed
+    /// counts from it (and such a map is always past its bound).
     started: Instant,
     /// When the request that last confirmed the map was sent.
     confirmed: Mutex<Option<Instant>>,
@@ -174,12 +175,19 @@ impl MappingStore {
     /// Since the map was last confirmed by the API server (since start when
     /// never); `None` when the map is not followed through it.
     pub fn map_age(&self) -> Option<Duration> {
-        self.live.as_ref().map(|live| live.since().elapsed())
+        self.live
+            .as_ref()
+            .map(|live| live.confirmed().unwrap_or(live.started).elapsed())
     }
 
-    /// When the map passes its bound unless confirmed before.
+    /// When the map passes its bound unless confirmed before (now, for a
+    /// map never confirmed).
     pub fn stale_at(&self) -> Option<Instant> {
-        self.live.as_ref().map(|live| live.since() + live.bound)
+        let live = self.live.as_ref()?;
+        Some(
+            live.confirmed()
+                .map_or_else(Instant::now, |at| at + live.bound),
+        )
     }
 
     /// The map's age, once past its bound: writes are then refused.
@@ -190,11 +198,14 @@ impl MappingStore {
     /// [`MappingStore::staleness`] as of `now`.
     pub fn staleness_at(&self, now: Instant) -> Option<crate::policy::Staleness> {
         let live = self.live.as_ref()?;
-        let age = now.saturating_duration_since(live.since());
-        (age > live.bound).then(|| crate::policy::Staleness {
+        let confirmed = live.confirmed();
+        let age = now.saturating_duration_since(confirmed.unwrap_or(live.started));
+        // A map never confirmed may be older than any bound: the volume
+        // gives no time, and a pod may start long after a change.
+        (confirmed.is_none() || age > live.bound).then_some(crate::policy::Staleness {
             age,
             bound: live.bound,
-            confirmed_once: lock(&live.confirmed).is_some(),
+            confirmed_once: confirmed.is_some(),
         })
     }
 
@@ -280,9 +291,9 @@ impl MappingStore {
 }
 
 impl Live {
-    /// The instant the map's age counts from.
-    fn since(&self) -> Instant {
-        lock(&self.confirmed).unwrap_or(self.started)
+    /// When the request that last confirmed the map was sent, if one did.
+    fn confirmed(&self) -> Option<Instant> {
+        *lock(&self.confirmed)
     }
 }
 
@@ -368,9 +379,8 @@ mod tests {
         );
         store.live_attempted();
         assert_eq!(store.not_ready_reason(), None);
-        // Never confirmed: stale once the bound has passed since start.
-        assert_eq!(store.staleness_at(start), None);
-        let never = store.staleness_at(start + bound * 2).expect("stale");
+        // Never confirmed: stale from the start (the volume gives no time).
+        let never = store.staleness_at(start).expect("stale");
         assert!(!never.confirmed_once);
         // A confirmation sent at t keeps writes open until t + bound.
         let sent = start + Duration::from_secs(100);

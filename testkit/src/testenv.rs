@@ -287,6 +287,17 @@ impl TestEnv {
             .with_context(|| format!("cannot read {}", self.kubeconfig_path.display()))?;
         write_private_file(path, &contents)
     }
+
+    /// The CA certificates clients trust the API server with, as PEM (what
+    /// a pod finds in its ServiceAccount volume's `ca.crt`).
+    pub fn ca_pem(&self) -> Result<String> {
+        let roots = self
+            .config
+            .root_cert
+            .as_ref()
+            .context("the kubeconfig names no CA")?;
+        Ok(roots.iter().map(|der| pem_certificate(der)).collect())
+    }
 }
 
 /// Creates a namespace named `<prefix>-<random suffix>` and returns its name.

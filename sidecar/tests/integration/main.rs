@@ -21,5 +21,6 @@ mod grpc_sidecar;
 mod grpc_streams;
 mod http_paths;
 mod kubelet_probes;
+mod live_map;
 mod multipart_differential;
 mod reload;
