@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
     DownwardAPIProjection, DownwardAPIVolumeFile, EnvVar, HTTPGetAction, KeyToPath,
-    ObjectFieldSelector, Pod, ProjectedVolumeSource, Probe, ResourceRequirements, SeccompProfile,
+    ObjectFieldSelector, Pod, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
     SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
