@@ -132,7 +132,7 @@ pub async fn run(
                 error = format!("{err:#}"),
                 "cannot follow the bucket map through the API server; the mounted volume stays the only source"
             );
-            store.live_attempted();
+            store.give_up_waiting();
             return;
         }
     };
@@ -347,7 +347,6 @@ impl Follower {
 
     /// Reports a failure once per distinct message.
     fn failed(&mut self, err: &anyhow::Error) {
-        self.store.live_attempted();
         self.metrics.count_live_failure();
         let message = format!("{err:#}");
         if self.last_error.as_deref() != Some(&message) {

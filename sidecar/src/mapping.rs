@@ -93,8 +93,9 @@ struct Live {
     /// The API server has delivered a map: the volume is no longer read
     /// (it can only be as new, or older).
     in_charge: AtomicBool,
-    /// The first attempt to reach the API server has ended, either way.
-    attempted: AtomicBool,
+    /// Readiness no longer waits for a confirmation (the API server cannot
+    /// be followed at all).
+    gave_up: AtomicBool,
 }
 
 impl MappingStore {
@@ -121,7 +122,7 @@ impl MappingStore {
             started: Instant::now(),
             confirmed: Mutex::new(None),
             in_charge: AtomicBool::new(false),
-            attempted: AtomicBool::new(false),
+            gave_up: AtomicBool::new(false),
         });
         self
     }
@@ -161,14 +162,13 @@ impl MappingStore {
             if confirmed.is_none_or(|at| at < sent) {
                 *confirmed = Some(sent);
             }
-            live.attempted.store(true, Ordering::Release);
         }
     }
 
-    /// The first attempt to reach the API server failed: readiness no longer waits.
-    pub fn live_attempted(&self) {
+    /// The API server cannot be followed at all: readiness no longer waits.
+    pub fn give_up_waiting(&self) {
         if let Some(live) = &self.live {
-            live.attempted.store(true, Ordering::Release);
+            live.gave_up.store(true, Ordering::Release);
         }
     }
 
@@ -215,8 +215,8 @@ impl MappingStore {
             return self
                 .live
                 .as_ref()
-                .filter(|live| !live.attempted.load(Ordering::Acquire))
-                .map(|_| "waiting for the API server's first answer about the map".to_owned());
+                .filter(|live| live.waits_at(Instant::now()))
+                .map(|_| "waiting for the API server to confirm the map".to_owned());
         }
         Some(match self.last_failure.load_full() {
             Some(failure) => format!("the mapping sources cannot be used: {failure}"),
@@ -290,7 +290,20 @@ impl MappingStore {
     }
 }
 
+/// How long readiness waits for the API server's first confirmation of the
+/// map: in a new namespace the sidecar may start before bucketmap's grant
+/// of its map, and an app started on an unconfirmed map cannot write.
+/// Past it, the sidecar is ready on the volume's map (reads served).
+pub const READY_GRACE: Duration = Duration::from_secs(10);
+
 impl Live {
+    /// Whether readiness still waits for a first confirmation at `now`.
+    fn waits_at(&self, now: Instant) -> bool {
+        self.confirmed().is_none()
+            && !self.gave_up.load(Ordering::Acquire)
+            && now.saturating_duration_since(self.started) < READY_GRACE
+    }
+
     /// When the request that last confirmed the map was sent, if one did.
     fn confirmed(&self) -> Option<Instant> {
         *lock(&self.confirmed)
@@ -370,15 +383,16 @@ mod tests {
         let store = MappingStore::new(Some(dir.path().to_owned()), Vec::new()).following(bound);
         let start = Instant::now();
         assert!(matches!(store.reload(), ReloadOutcome::Updated { .. }));
-        // Loaded, but readiness waits for the API server's first answer.
+        // Loaded, but readiness waits for a confirmation, for a while.
         assert!(store.is_ready());
         assert!(
             store
                 .not_ready_reason()
-                .is_some_and(|r| r.contains("first answer"))
+                .is_some_and(|r| r.contains("confirm"))
         );
-        store.live_attempted();
-        assert_eq!(store.not_ready_reason(), None);
+        let live = store.live.as_ref().expect("followed");
+        assert!(live.waits_at(start));
+        assert!(!live.waits_at(start + READY_GRACE));
         // Never confirmed: stale from the start (the volume gives no time).
         let never = store.staleness_at(start).expect("stale");
         assert!(!never.confirmed_once);
@@ -387,6 +401,7 @@ mod tests {
         store.confirm(sent);
         store.confirm(start); // an older one changes nothing
         assert_eq!(store.staleness_at(sent + bound), None);
+        assert_eq!(store.not_ready_reason(), None);
         let stale = store
             .staleness_at(sent + bound + Duration::from_secs(1))
             .expect("stale");
