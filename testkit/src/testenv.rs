@@ -679,6 +679,10 @@ pub(crate) struct Process {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    /// How it was started, for [`Process::restart`].
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Process {
@@ -736,7 +740,31 @@ impl Process {
             name,
             child,
             log: log.to_path_buf(),
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         })
+    }
+
+    /// The process's name.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Kills it (SIGKILL, as a crash would) and starts it again as it was
+    /// started, appending to the same log.
+    pub(crate) async fn restart(&mut self) -> Result<()> {
+        self.kill_and_reap().await;
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        *self = Process::spawn_with_env(self.name, &self.program, &self.args, &env, &self.log)?;
+        Ok(())
     }
 
     /// Sends SIGKILL and waits (a few seconds at most) until it is gone, so

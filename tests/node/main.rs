@@ -15,6 +15,7 @@
 
 mod cluster;
 mod lifecycle;
+mod live;
 mod more;
 mod scenarios;
 

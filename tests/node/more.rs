@@ -1,9 +1,8 @@
-//! Scenarios (b) to (f): the map reaching a running pod, Pod Security,
-//! shutdown order, operator failover, and the pods the webhook leaves alone
-//! or refuses.
+//! Scenarios (c) to (f): Pod Security, shutdown order, operator failover,
+//! and the pods the webhook leaves alone or refuses.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use bucketmap_testkit::node::product::kubectl_apply;
@@ -17,73 +16,6 @@ use bucketmap_testkit::node::product::SYSTEM_NAMESPACE;
 
 use crate::cluster::Cluster;
 use crate::scenarios::{app_wrote_hello, eventually, ready_bucket, ready_pod};
-
-/// The sidecar's admin port on the pod IP (probes and /metrics).
-const ADMIN_PORT: u16 = 9024;
-
-/// The `bucketmap_sidecar_mapping_entries` gauge of the sidecar in `pod`.
-async fn mapping_entries(c: &Cluster, pod: &Pod) -> Result<u64> {
-    let ip = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .context("pod without an IP")?;
-    let forwarder = c
-        .node
-        .forward_to(format!("{ip}:{ADMIN_PORT}").parse()?)
-        .await?;
-    let addr = forwarder.local_addr().to_string();
-    let (code, body) = bucketmap_testkit::http::request(&addr, "GET", "/metrics", "").await?;
-    ensure!(code == 200, "/metrics: {code}");
-    body.lines()
-        .find(|l| l.starts_with("bucketmap_sidecar_mapping_entries"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .context("no bucketmap_sidecar_mapping_entries in /metrics")
-}
-
-/// (b) A Gcs applied while the app runs reaches its sidecar through the
-/// ConfigMap volume (the kubelet's update of the mounted files), without a
-/// restart. Prints how long that took.
-pub async fn a_new_gcs_reaches_the_running_sidecar(c: Arc<Cluster>) -> Result<()> {
-    let pod = ready_pod(&c, "staging", "app=photo-app").await?;
-    let before = mapping_entries(&c, &pod).await?;
-    ensure!(before >= 1, "the sidecar holds {before} mappings");
-    let applied = Instant::now();
-    kubectl_apply(
-        &c.node,
-        "apiVersion: storage.bucketmap.dev/v1alpha1\nkind: Gcs\n\
-         metadata: {name: avatars, namespace: staging}\nspec: {bucketName: avatars}\n",
-    )
-    .await?;
-    ready_bucket(&c, "staging", "avatars").await?;
-    let ready = applied.elapsed();
-    eventually("the new mapping in the running sidecar", || async {
-        Ok((mapping_entries(&c, &pod).await? == before + 1).then_some(()))
-    })
-    .await?;
-    let reached = applied.elapsed();
-    let now = ready_pod(&c, "staging", "app=photo-app").await?;
-    ensure!(
-        now.metadata.uid == pod.metadata.uid,
-        "the pod was replaced instead of updated"
-    );
-    let restarts: i32 = now
-        .status
-        .and_then(|s| s.init_container_statuses)
-        .unwrap_or_default()
-        .iter()
-        .map(|s| s.restart_count)
-        .sum();
-    ensure!(restarts == 0, "the sidecar restarted {restarts} times");
-    println!(
-        "a new Gcs: Ready after {:.1} s, in the running sidecar's map after {:.1} s",
-        ready.as_secs_f64(),
-        reached.as_secs_f64()
-    );
-    Ok(())
-}
 
 /// The example app's Deployment, its ServiceAccount and a `photos` Gcs in
 /// `namespace`.

@@ -13,6 +13,7 @@ use kube::api::{ListParams, LogParams};
 
 use crate::cluster::Cluster;
 use crate::lifecycle;
+use crate::live;
 use crate::more;
 
 type Scenario = fn(Arc<Cluster>) -> Pin<Box<dyn Future<Output = Result<()>> + Send>>;
@@ -23,9 +24,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         "a_example_app_writes_photos_through_the_injected_sidecar",
         |c| Box::pin(example_app_writes_through_the_injected_sidecar(c)),
     ),
-    ("b_a_new_gcs_reaches_the_running_sidecar", |c| {
-        Box::pin(more::a_new_gcs_reaches_the_running_sidecar(c))
-    }),
+    (
+        "b_new_gcs_reach_the_running_sidecar_through_restarts",
+        |c| Box::pin(live::new_gcs_reach_the_running_sidecar(c)),
+    ),
     ("c_a_restricted_namespace_runs_the_injected_pod", |c| {
         Box::pin(more::a_restricted_namespace_runs_the_injected_pod(c))
     }),

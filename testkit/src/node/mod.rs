@@ -50,7 +50,8 @@ use netns::Forwarder;
 pub struct Node {
     // Field order is drop order: the daemons go first, the sweep in Drop
     // takes the rest.
-    processes: Vec<Process>,
+    /// Behind a lock so that a scenario sharing the node can restart one.
+    processes: tokio::sync::Mutex<Vec<Process>>,
     forwarder: Forwarder,
     config: kube::Config,
     layout: Layout,
@@ -145,7 +146,27 @@ impl Node {
     /// `<log_dir>/<name>.log`; it stops with the node.
     pub fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> Result<()> {
         let process = start::spawn_in_node(&self.layout, name, program, args)?;
-        self.processes.push(process);
+        self.processes.get_mut().push(process);
+        Ok(())
+    }
+
+    /// Kills the node's process `name` (`kube-apiserver`, `kubelet`, …) as
+    /// a crash would and starts it again with the same arguments; for the
+    /// API server, waits until it answers `/readyz` again.
+    pub async fn restart(&self, name: &str) -> Result<()> {
+        let mut processes = self.processes.lock().await;
+        let process = processes
+            .iter_mut()
+            .find(|p| p.name() == name)
+            .with_context(|| format!("the node runs no {name}"))?;
+        process.restart().await?;
+        if name == "kube-apiserver" {
+            let client = self.client()?;
+            start::wait_for("kube-apiserver /readyz", &mut processes, || async {
+                crate::testenv::readyz(&client).await.is_ok()
+            })
+            .await?;
+        }
         Ok(())
     }
 
@@ -164,7 +185,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         // Daemons first, in reverse order of start, then everything else.
-        while let Some(process) = self.processes.pop() {
+        while let Some(process) = self.processes.get_mut().pop() {
             drop(process);
         }
         if let Err(err) = cleanup::sweep(&self.layout) {

@@ -86,7 +86,7 @@ pub(crate) async fn start() -> Result<Node> {
     node_daemons(&layout, &bins, &mut processes).await?;
     wait_node_ready(&client, &mut processes).await?;
     Ok(Node {
-        processes,
+        processes: tokio::sync::Mutex::new(processes),
         forwarder,
         config,
         layout,
@@ -338,7 +338,11 @@ async fn wait_node_ready(client: &kube::Client, processes: &mut [Process]) -> Re
 
 /// Polls `ready` until it holds; fails when a process exits or after
 /// [`READY_TIMEOUT`], with the log tail of the newest process.
-async fn wait_for<F, Fut>(what: &str, processes: &mut [Process], mut ready: F) -> Result<()>
+pub(crate) async fn wait_for<F, Fut>(
+    what: &str,
+    processes: &mut [Process],
+    mut ready: F,
+) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
