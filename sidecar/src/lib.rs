@@ -85,6 +85,8 @@ pub mod upstream;
 pub mod watch;
 
 #[cfg(test)]
+mod live_model_tests;
+#[cfg(test)]
 mod policy_tests;
 
 /// The rules without I/O, from `bucketmap-sidecar-core`, under the names
