@@ -22,7 +22,8 @@
 //!
 //! **Every write says what it was computed from.** The apply carries
 //! nothing read from the cluster (the name, the role and the namespace):
-//! server-side apply, without force, under [`crate::FIELD_MANAGER`]. The
+//! server-side apply under [`crate::FIELD_MANAGER`], without force unless
+//! it takes back the operator's own binding from an edit. The
 //! delete is decided from a consistent list of the namespace's resources
 //! and a live read of the binding, and carries that read's uid and
 //! resourceVersion as preconditions; a binding without the operator's
@@ -49,6 +50,9 @@ use crate::{Error, Result};
 pub const MAP_READER_BINDING: &str = "bucketmap-map-reader";
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+
+/// Resources per page when looking for one that remains.
+const LIST_PAGE: u32 = 100;
 
 /// The group of every ServiceAccount of `ns`.
 fn service_accounts_of(ns: &str) -> String {
@@ -94,8 +98,8 @@ pub(super) async fn ensure(ctx: &Context, ns: &str, slot: &mut Slot) -> Result<(
     let cached = ctx
         .role_bindings
         .get(&ObjectRef::new(MAP_READER_BINDING).within(ns));
-    match cached.as_deref() {
-        None => {}
+    let force = match cached.as_deref() {
+        None => false,
         Some(rb) if !is_ours(rb) => {
             warn!(namespace = %ns, binding = MAP_READER_BINDING, "a RoleBinding of this name is not bucketmap's; left alone: the namespace's sidecars may not be able to read the bucket map");
             return Ok(());
@@ -104,14 +108,17 @@ pub(super) async fn ensure(ctx: &Context, ns: &str, slot: &mut Slot) -> Result<(
         // Its roleRef cannot change: replaced whole.
         Some(rb) if rb.role_ref.name != role || rb.role_ref.kind != "ClusterRole" => {
             delete_exactly(&api, rb).await?;
+            false
         }
-        Some(_) => {}
-    }
-    apply(&api, ns, role).await
+        // The operator's own, edited by somebody: its fields taken back.
+        Some(_) => true,
+    };
+    apply(&api, ns, role, force).await
 }
 
-/// Writes the binding of `role` to the ServiceAccounts of `ns`.
-async fn apply(api: &Api<RoleBinding>, ns: &str, role: &str) -> Result<()> {
+/// Writes the binding of `role` to the ServiceAccounts of `ns` (`force`:
+/// taking back fields another manager changed).
+async fn apply(api: &Api<RoleBinding>, ns: &str, role: &str, force: bool) -> Result<()> {
     let binding = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
@@ -123,11 +130,9 @@ async fn apply(api: &Api<RoleBinding>, ns: &str, role: &str) -> Result<()> {
         "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role},
         "subjects": [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": service_accounts_of(ns)}],
     });
-    api.patch(
-        MAP_READER_BINDING,
-        &PatchParams::apply(crate::FIELD_MANAGER),
-        &Patch::Apply(&binding),
-    )
+    let mut params = PatchParams::apply(crate::FIELD_MANAGER);
+    params.force = force;
+    api.patch(MAP_READER_BINDING, &params, &Patch::Apply(&binding))
     .await
     .map_err(Error::kube(format!(
         "bind ClusterRole {role} to the ServiceAccounts of namespace {ns} (RoleBinding {ns}/{MAP_READER_BINDING})"
@@ -168,19 +173,29 @@ pub(super) async fn release(ctx: &Context, obj: &Gcs) -> Result<()> {
 }
 
 /// Whether namespace `ns` has a `Gcs` other than `obj` that is not being
-/// deleted: a consistent list, not the cache.
+/// deleted: a consistent list (its pages one snapshot), not the cache,
+/// which may still show a resource that is gone. Stops at the first.
 async fn another_remains(ctx: &Context, ns: &str, obj: &Gcs) -> Result<bool> {
     let api: Api<Gcs> = Api::namespaced(ctx.client.clone(), ns);
-    let listed = api
-        .list_metadata(&ListParams::default())
-        .await
-        .map_err(Error::kube(format!(
-            "list the Gcs resources of namespace {ns}"
-        )))?;
     let remains = |g: &PartialObjectMeta<Gcs>| {
         g.uid() != obj.uid() && g.metadata.deletion_timestamp.is_none()
     };
-    Ok(listed.items.iter().any(remains))
+    let mut params = ListParams::default().limit(LIST_PAGE);
+    loop {
+        let page = api
+            .list_metadata(&params)
+            .await
+            .map_err(Error::kube(format!(
+                "list the Gcs resources of namespace {ns}"
+            )))?;
+        if page.items.iter().any(remains) {
+            return Ok(true);
+        }
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(false),
+        }
+    }
 }
 
 /// Deletes `rb` if it is still the object read (its uid and

@@ -448,21 +448,32 @@ async fn map_reader_binding(f: &Fixture, ns: &str) -> anyhow::Result<Option<Role
     Ok(api.get_opt(MAP_READER_BINDING).await?)
 }
 
-/// Waits until the map reader binding of `ns` is one other than `uid`.
-async fn bound_again(f: &Fixture, ns: &str, uid: Option<String>) -> anyhow::Result<RoleBinding> {
+/// Waits until the map reader binding of `ns` exists and `check` holds
+/// for it.
+async fn wait_binding(
+    f: &Fixture,
+    ns: &str,
+    what: &str,
+    check: impl Fn(&RoleBinding) -> bool,
+) -> anyhow::Result<RoleBinding> {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        if let Some(rb) = map_reader_binding(f, ns).await?
-            && rb.metadata.uid != uid
-        {
-            return Ok(rb);
+        let found = map_reader_binding(f, ns).await?;
+        if let Some(rb) = found.as_ref().filter(|rb| check(rb)) {
+            return Ok(rb.clone());
         }
         anyhow::ensure!(
             tokio::time::Instant::now() < deadline,
-            "the map reader binding of {ns} was not made again"
+            "the map reader binding of {ns} was not {what}: {found:?}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// The group names a binding grants to.
+fn groups(rb: &RoleBinding) -> Vec<String> {
+    let subjects = rb.subjects.iter().flatten();
+    subjects.map(|s| s.name.clone()).collect()
 }
 
 /// A cluster-wide install: the operator, under the chart's RBAC, binds
@@ -513,8 +524,21 @@ async fn a_namespaces_service_accounts_read_its_map_and_nothing_else() -> TestRe
     Api::<RoleBinding>::namespaced(f.client.clone(), &ns)
         .delete(MAP_READER_BINDING, &DeleteParams::default())
         .await?;
-    bound_again(&f, &ns, rb.metadata.uid.clone()).await?;
+    let again = wait_binding(&f, &ns, "made again", |b| b.metadata.uid != rb.metadata.uid).await?;
+    assert_eq!(groups(&again), [format!("system:serviceaccounts:{ns}")]);
     assert_eq!(map_reads(&app, &ns, MAP).await?, [200; 3]);
+    // Widened to every ServiceAccount by somebody: taken back.
+    let widen = serde_json::json!({"subjects": [{"apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Group", "name": "system:serviceaccounts"}]});
+    Api::<RoleBinding>::namespaced(f.client.clone(), &ns)
+        .patch(
+            MAP_READER_BINDING,
+            &PatchParams::default(),
+            &Patch::Merge(&widen),
+        )
+        .await?;
+    let own_only = [format!("system:serviceaccounts:{ns}")];
+    wait_binding(&f, &ns, "taken back", |b| groups(b) == own_only).await?;
 
     // The namespace's last Gcs goes, and its binding with it.
     f.delete("photos").await?;

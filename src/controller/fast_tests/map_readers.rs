@@ -122,7 +122,7 @@ async fn reconcile_counts_a_resource_being_deleted_as_gone() {
 }
 
 #[tokio::test]
-async fn reconcile_binds_again_after_the_binding_was_deleted_or_its_role_changed() {
+async fn reconcile_binds_again_after_the_binding_was_deleted_edited_or_its_role_changed() {
     let h = harness().await;
     h.create("photos", json!({"bucketName": "photos"}));
     h.reconcile_until_ready("photos").await;
@@ -133,6 +133,16 @@ async fn reconcile_binds_again_after_the_binding_was_deleted_or_its_role_changed
     // The binding's deletion brings the namespace's resources back.
     h.reconcile("photos").await.expect("the reconcile succeeds");
     let first = binding(&h).expect("bound again");
+
+    // Its subjects widened by somebody: taken back.
+    h.api.modify::<RoleBinding>(NS, MAP_READER_BINDING, |rb| {
+        rb["subjects"][0]["name"] = json!("system:serviceaccounts");
+    });
+    h.reconcile("photos").await.expect("the reconcile succeeds");
+    let repaired = binding(&h).expect("bound");
+    let subjects = repaired.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].name, "system:serviceaccounts:team-a");
 
     // A binding of another role (an earlier setting): its roleRef cannot
     // change, so it is replaced.
