@@ -128,8 +128,16 @@ pub struct OperatorArgs {
     #[arg(long, env = "BUCKETMAP_SERVICE_BINDING", default_value_t = true, action = clap::ArgAction::Set)]
     service_binding: bool,
     /// Name of the per-namespace ConfigMap that maps logical to physical names.
-    #[arg(long, default_value = "bucketmap")]
+    #[arg(long, env = "BUCKETMAP_MAP_NAME", default_value = "bucketmap")]
     map_name: String,
+    /// ClusterRole that lets a namespace's ServiceAccounts read its bucket
+    /// map (the chart's bucketmap-map-reader): the operator binds it in each
+    /// namespace with a Gcs (RoleBinding bucketmap-map-reader) and removes
+    /// the binding with the namespace's last Gcs. Unset: the operator
+    /// manages no RoleBinding (a namespaced install, whose chart binds a
+    /// Role in each watched namespace itself).
+    #[arg(long, env = "BUCKETMAP_MAP_READER_ROLE")]
+    map_reader_role: Option<String>,
     /// Workload Identity Federation pool of the cluster (e.g.
     /// PROJECT_ID.svc.id.goog): a ServiceAccount without the annotation
     /// iam.gke.io/gcp-service-account is granted as its principal.
@@ -278,6 +286,7 @@ fn operator_config(args: &OperatorArgs, cluster_id: String) -> OperatorConfig {
         watch_namespaces: args.watch_namespaces.clone(),
         service_binding: args.service_binding,
         map_name: args.map_name.clone(),
+        map_reader_role: args.map_reader_role.clone().filter(|r| !r.is_empty()),
         workload_identity: args
             .workload_identity_pool
             .clone()
@@ -660,6 +669,17 @@ mod tests {
             .expect_err("refused")
             .to_string();
         assert!(message.contains("not a namespace name"), "{message}");
+    }
+
+    #[test]
+    fn the_map_readers_are_bound_only_when_the_role_is_named() {
+        let role = |flags: &[&str]| parse(flags).expect("parses").map_reader_role;
+        assert_eq!(role(&[]), None, "a namespaced install: the chart binds");
+        assert_eq!(role(&["--map-reader-role", ""]), None);
+        assert_eq!(
+            role(&["--map-reader-role", "bucketmap-map-reader"]).as_deref(),
+            Some("bucketmap-map-reader")
+        );
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub(super) async fn apply(
     // are admitted at once (src/slots.rs). Boxed, a phase's state exists only
     // while it runs.
     phase!(Box::pin(validate(&obj, ctx, status)).await?);
+    // Before the map's first write: the namespace's ServiceAccounts may
+    // read it as soon as it exists (module `map_readers`).
+    let ns = obj.namespace().unwrap_or_default();
+    Box::pin(super::map_readers::ensure(ctx, &ns, slot)).await?;
     let (project, default_project) =
         phase!(Box::pin(resolve_project(&obj, ctx, status, slot)).await?);
     phase!(
@@ -67,7 +71,7 @@ pub(super) async fn apply(
     );
     // Before any GCS call: it must show while GCS fails.
     super::access::report_refusals(&obj, ctx, status);
-    let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+    let name = obj.name_any();
     let identity = Identity {
         cluster: &ctx.config.cluster_id,
         namespace: &ns,

@@ -1,4 +1,5 @@
-//! Deleting a bucket when its resource goes: unpublish first, revoke the
+//! Deleting a bucket when its resource goes: unpublish first (and, with
+//! the namespace's last resource, unbind its map's readers), revoke the
 //! operator's IAM grants (whatever the `deletionPolicy`), then per
 //! `deletionPolicy`: delete the bucket, keep it (`Orphan`, still labelled
 //! as this owner's) or release it (`Abandon`, bucketmap's labels removed).
@@ -36,6 +37,8 @@ pub(super) async fn cleanup(
     if ctx.config.service_binding {
         publish::delete_binding(&ctx.client, &obj).await?;
     }
+    // The namespace's last resource takes its map's readers with it.
+    super::map_readers::release(ctx, &obj).await?;
     let Some(physical) = recorded.bucket_full_name else {
         return Ok(Action::await_change());
     };

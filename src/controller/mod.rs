@@ -19,6 +19,7 @@ mod cleanup;
 #[cfg(test)]
 mod fast_tests;
 mod finalizer;
+mod map_readers;
 mod namespaces;
 mod notifications;
 mod places;
@@ -52,6 +53,7 @@ use crate::publish::CachedBinding;
 use crate::slots::Slots;
 use crate::{Error, Result};
 
+pub use map_readers::MAP_READER_BINDING;
 pub use places::{PLACES_PREFIX, places_name};
 pub use watches::run;
 
@@ -86,6 +88,10 @@ pub struct OperatorConfig {
     pub bucket_ops_interval: Option<Duration>,
     /// Name of the per-namespace ConfigMap holding the bucket map.
     pub map_name: String,
+    /// The ClusterRole bound in each namespace with a `Gcs` so that its
+    /// ServiceAccounts may read the bucket map (module `map_readers`);
+    /// `None`: no RoleBinding is managed.
+    pub map_reader_role: Option<String>,
     /// Budget of one namespace's bucket map (see [`crate::bucket_map`]).
     pub map_max_bytes: usize,
     /// Pause between the first claim of a burst and the map write.
@@ -118,6 +124,7 @@ impl Default for OperatorConfig {
             concurrency: 32,
             bucket_ops_interval: Some(Duration::from_secs(2)),
             map_name: "bucketmap".to_owned(),
+            map_reader_role: None,
             map_max_bytes: bucket_map::DEFAULT_MAX_MAP_BYTES,
             map_debounce: bucket_map::DEFAULT_DEBOUNCE,
             map_writers: bucket_map::DEFAULT_WRITERS,
@@ -165,6 +172,9 @@ pub struct Context {
     secrets: Store<CachedBinding>,
     /// The ServiceAccounts' metadata (their Workload Identity annotation).
     service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    /// The RoleBindings named [`MAP_READER_BINDING`] (empty when the
+    /// operator manages none).
+    role_bindings: Store<k8s_openapi::api::rbac::v1::RoleBinding>,
     /// The namespace and ServiceAccount caches hold everything: projects
     /// and identities can be resolved.
     namespaces_synced: Arc<AtomicBool>,

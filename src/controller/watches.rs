@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -18,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::map_readers::{self, MAP_READER_BINDING};
 use super::status::OwnWrites;
 use super::{Context, FailureCounts, OperatorConfig, error_policy, reconcile, scope};
 use crate::bucket_map::{BucketMaps, MapSettings, in_namespace};
@@ -64,6 +66,7 @@ pub async fn run(
     let (resources, gcs_stream) = watch_resources(&client, &config, own_writes.clone());
     let (configmaps, secrets, cache_tasks) = watch_published(&client, &config);
     let (service_accounts, sa_stream) = watch_service_accounts(&client, &config);
+    let (role_bindings, rb_stream) = watch_map_readers(&client, &config);
     let concurrency = config.concurrency;
     let stores = Stores {
         resources: resources.clone(),
@@ -71,6 +74,7 @@ pub async fn run(
         configmaps,
         secrets,
         service_accounts: service_accounts.clone(),
+        role_bindings,
         own_writes,
     };
     let (ctx, woken) = Context::build(client, gcs, metrics, config, stores, Arc::default());
@@ -81,6 +85,10 @@ pub async fn run(
     };
     let controller = controller(gcs_stream, resources.clone(), concurrency, triggers);
     let controller = with_service_accounts(controller, sa_stream);
+    let controller = match rb_stream {
+        Some(stream) => with_map_readers(controller, stream),
+        None => controller,
+    };
     let synced = ctx.namespaces_synced.clone();
     let caches = Caches {
         resources,
@@ -267,6 +275,57 @@ fn with_service_accounts(
     })
 }
 
+/// The RoleBindings named [`MAP_READER_BINDING`], cached, when the
+/// operator manages them (`--map-reader-role`); the stream yields those
+/// whose namespace needs a reconcile to bind the role again: deleted, or
+/// the operator's own no longer as it wrote it. Its own writes trigger
+/// nothing.
+fn watch_map_readers(
+    client: &kube::Client,
+    config: &OperatorConfig,
+) -> (
+    Store<RoleBinding>,
+    Option<impl Stream<Item = Result<RoleBinding, watcher::Error>> + Send + 'static>,
+) {
+    let (reader, writer) = reflector::store();
+    let Some(role) = config.map_reader_role.clone() else {
+        return (reader, None);
+    };
+    let watched = config.watched_namespaces();
+    // By name: the only list and watch the operator's RBAC allows.
+    let watch = watcher::Config::default().fields(&format!("metadata.name={MAP_READER_BINDING}"));
+    let stream = scope::watch_in(watched.as_deref(), &watch, api_in::<RoleBinding>(client))
+        .modify(trim_for_cache::<RoleBinding>)
+        .reflect(writer)
+        .try_filter_map(move |event| {
+            let repair = match event {
+                watcher::Event::Delete(rb) => Some(rb),
+                watcher::Event::Apply(rb) if map_readers::needs_repair(&rb, &role) => Some(rb),
+                _ => None,
+            };
+            std::future::ready(Ok(repair))
+        });
+    (reader, Some(stream))
+}
+
+/// Also reconciles the resources of a namespace whose map reader binding
+/// went or was changed (any one of them binds it again).
+fn with_map_readers(
+    controller: Controller<Gcs>,
+    bindings: impl Stream<Item = Result<RoleBinding, watcher::Error>> + Send + 'static,
+) -> Controller<Gcs> {
+    let store = controller.store();
+    controller.watches_stream(bindings, move |rb| {
+        let ns = rb.namespace().unwrap_or_default();
+        let applied = |g: &Gcs| in_namespace(g, &ns) && g.metadata.deletion_timestamp.is_none();
+        store
+            .state_filter(applied)
+            .iter()
+            .map(|g| ObjectRef::from_obj(&**g))
+            .collect::<Vec<_>>()
+    })
+}
+
 /// The API of `K` in one namespace, or in all (`None`).
 fn api_in<K>(client: &kube::Client) -> impl Fn(Option<&str>) -> Api<K> + use<K>
 where
@@ -326,6 +385,8 @@ pub(super) struct Stores {
     pub configmaps: Store<ConfigMap>,
     pub secrets: Store<CachedBinding>,
     pub service_accounts: Store<ServiceAccountMeta>,
+    /// The map reader RoleBindings (module `map_readers`).
+    pub role_bindings: Store<RoleBinding>,
     /// This process's status writes the resource cache may not show yet.
     pub own_writes: Arc<OwnWrites>,
 }
@@ -364,6 +425,7 @@ impl Context {
             namespaces: stores.namespaces,
             namespace_reads: super::namespaces::NamespaceReads::new(client.clone()),
             service_accounts: stores.service_accounts,
+            role_bindings: stores.role_bindings,
             namespaces_synced: synced,
             failures: FailureCounts::default(),
             own_writes: stores.own_writes,

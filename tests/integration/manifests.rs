@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use common::{Fixture, physical};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::Api;
 
 type TestResult = anyhow::Result<()>;
@@ -102,6 +103,8 @@ async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() ->
         .operator_command()
         .args(["--leader-elect", "--default-project", "rbac-project"])
         .args(["--metrics-addr", "127.0.0.1:0"])
+        // As deploy/operator.yaml names it.
+        .args(["--map-reader-role", "bucketmap-map-reader"])
         .env("KUBECONFIG", &kubeconfig)
         .env_remove("POD_NAMESPACE")
         .env_remove("BUCKETMAP_CLUSTER_ID")
@@ -161,12 +164,21 @@ async fn the_kustomize_base_installs_and_its_rbac_suffices_for_the_operator() ->
     assert_eq!(map.get("photos"), Some(&physical(&g)));
     let secrets: Api<Secret> = Api::namespaced(f.client.clone(), &f.ns);
     assert!(secrets.get_opt("photos-gcs-binding").await?.is_some());
+    // The namespace's ServiceAccounts may read its map: the RBAC lets the
+    // operator bind the role.
+    let bindings: Api<RoleBinding> = Api::namespaced(f.client.clone(), &f.ns);
+    let binding = bucketmap::controller::MAP_READER_BINDING;
+    assert!(bindings.get_opt(binding).await?.is_some());
     f.wait_event("photos", "Created").await?;
 
     f.delete("photos").await?;
     f.wait_gone("photos", Duration::from_secs(30)).await?;
     assert!(f.gcs.bucket(&physical(&g)).is_none());
     assert!(secrets.get_opt("photos-gcs-binding").await?.is_none());
+    assert!(
+        bindings.get_opt(binding).await?.is_none(),
+        "the last Gcs went"
+    );
     assert!(operator.try_wait()?.is_none(), "operator still running");
     operator.kill().await?;
     Ok(())

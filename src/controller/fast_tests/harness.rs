@@ -9,6 +9,7 @@ use std::time::Duration;
 use bucketmap_testkit::mock_gcs::{MockGcs, MockHandle};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
@@ -20,7 +21,7 @@ use tokio::sync::mpsc;
 
 use super::api::FakeApi;
 use crate::controller::watches::Stores;
-use crate::controller::{Context, OperatorConfig};
+use crate::controller::{Context, MAP_READER_BINDING, OperatorConfig};
 use crate::crd::Gcs;
 use crate::gcs::{GcsClient, GcsConfig};
 use crate::metrics::Metrics;
@@ -45,6 +46,7 @@ struct Writers {
     configmaps: Writer<ConfigMap>,
     secrets: Writer<CachedBinding>,
     service_accounts: Writer<ServiceAccountMeta>,
+    role_bindings: Writer<RoleBinding>,
 }
 
 pub(super) struct Harness {
@@ -108,12 +110,14 @@ impl Harness {
         let (configmaps, configmaps_w) = reflector::store();
         let (secrets, secrets_w) = reflector::store();
         let (service_accounts, service_accounts_w) = reflector::store();
+        let (role_bindings, role_bindings_w) = reflector::store();
         let stores = Stores {
             resources: resources.clone(),
             namespaces,
             configmaps,
             secrets,
             service_accounts,
+            role_bindings,
             own_writes: Arc::default(),
         };
         let (ctx, woken) = Context::without_watches(api.client(), gcs, metrics, config, stores);
@@ -123,6 +127,7 @@ impl Harness {
             configmaps: configmaps_w,
             secrets: secrets_w,
             service_accounts: service_accounts_w,
+            role_bindings: role_bindings_w,
         };
         let harness = Harness {
             api,
@@ -197,6 +202,9 @@ impl Harness {
             &mut w.service_accounts,
             self.api.list::<ServiceAccountMeta>(),
         );
+        let bindings = self.api.list::<RoleBinding>().into_iter();
+        let map_readers = |rb: &RoleBinding| rb.name_any() == MAP_READER_BINDING;
+        relist(&mut w.role_bindings, bindings.filter(map_readers));
     }
 
     /// Puts `obj`, an older version of a resource, in the resource cache,

@@ -27,6 +27,8 @@ mod conditions;
 mod fidelity;
 /// The namespace, the tenancy policy, the map budget.
 mod limits;
+/// The RoleBinding that lets a namespace's ServiceAccounts read its map.
+mod map_readers;
 /// `spec.notifications`.
 mod notifications;
 /// Buckets found again; settings fixed at creation.

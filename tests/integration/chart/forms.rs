@@ -219,7 +219,7 @@ const CASES: &[Case] = &[
     Case {
         file: "clusterId: prod-europe-west1\ndefaultProject: acme-prod\n\
                serviceAccount:\n  gcpServiceAccount: bucketmap@acme.iam.gserviceaccount.com\n\
-               priorityClassName: platform-critical\n",
+               priorityClassName: platform-critical\nmapName: team-buckets\n",
         cli: &[
             ("clusterId", "prod-europe-west1", r#""prod-europe-west1""#),
             ("defaultProject", "acme-prod", r#""acme-prod""#),
@@ -233,6 +233,7 @@ const CASES: &[Case] = &[
                 "platform-critical",
                 r#""platform-critical""#,
             ),
+            ("mapName", "team-buckets", r#""team-buckets""#),
         ],
         refused: &[],
         check: |objs| {
@@ -246,6 +247,9 @@ const CASES: &[Case] = &[
                 gsa
             );
             assert_eq!(pod_spec(objs)?["priorityClassName"], "platform-critical");
+            assert_eq!(env(objs, "BUCKETMAP_MAP_NAME")?, "team-buckets");
+            let reader = get(objs, "ClusterRole", "bucketmap-map-reader")?;
+            assert_eq!(reader["rules"][0]["resourceNames"], json!(["team-buckets"]));
             Ok(())
         },
     },
@@ -803,7 +807,13 @@ fn check_watched(objs: &Objs) -> TestResult {
             objs.keys().any(|(k, n, _)| k == "Role" && n == ns),
             "no Role in {ns}"
         );
+        // The chart binds the map's readers; the operator does not.
+        let bound =
+            |(k, n, name): &Key| k == "RoleBinding" && n == ns && name == "bucketmap-map-reader";
+        assert!(objs.keys().any(bound), "no map reader RoleBinding in {ns}");
     }
+    assert!(env(objs, "BUCKETMAP_MAP_READER_ROLE").is_err());
+    assert!(!has(objs, "ClusterRole", "bucketmap-map-reader"));
     Ok(())
 }
 
