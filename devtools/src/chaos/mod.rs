@@ -13,7 +13,11 @@
 //!   (seeded `RandomFaults`); one fault of each kind is scripted on the
 //!   first bucket creates, so that every kind happens in every run;
 //! - the kube-apiserver is restarted once (etcd kept) while the resources
-//!   are converging.
+//!   are converging;
+//! - in each namespace a sidecar's live map follows the namespace's bucket
+//!   map with a ServiceAccount token and the operator's grant only
+//!   (`followers`): at all Ready and at the end it must hold exactly that
+//!   map, confirmed within its bound.
 //!
 //! Foreign buckets sit in the same projects. Three checkpoints
 //! (`check`): all Ready, where, faults paused, an operator that saw
@@ -30,6 +34,7 @@
 
 mod check;
 mod disruptions;
+mod followers;
 mod fresh;
 mod observe;
 mod plan;
@@ -120,6 +125,8 @@ struct Run {
     namespaces: Vec<String>,
     lease_namespace: String,
     watch: ReadyWatch,
+    /// A sidecar's live map in each namespace.
+    followers: followers::Followers,
 }
 
 impl Run {
@@ -180,11 +187,7 @@ async fn run(args: &ChaosArgs, seed: u64) -> anyhow::Result<()> {
         &fault_kinds(&figures.faults, &calls),
     );
     violations.extend(at("disruptions", missed));
-    println!("\n## disruptions verified");
-    println!("- kube-apiserver restarted once (etcd kept) while the resources converged");
-    for line in &verified {
-        println!("- {line}");
-    }
+    print_verified(&violations, &verified);
     if !violations.is_empty() {
         println!("\n## FAILED: {} violation(s)", violations.len());
         for v in &violations {
@@ -210,7 +213,9 @@ async fn start(args: &ChaosArgs) -> anyhow::Result<Run> {
     }
     let lease_namespace = testenv::create_namespace(&client, "chaos-operator").await?;
     let watch = ReadyWatch::start(client.clone());
+    let followers = followers::Followers::start(&env, &client, &namespaces, MAP_NAME).await?;
     Ok(Run {
+        followers,
         gcs: mock.handle(),
         env,
         client,
@@ -423,6 +428,10 @@ async fn phases(
         "all Ready",
         check::all_ready(plan, &ready, &foreign_ids),
     ));
+    violations.extend(at(
+        "live map at all Ready",
+        w.followers.check(&w.client, MAP_NAME).await,
+    ));
     if !violations.is_empty() {
         return Ok(violations);
     }
@@ -444,27 +453,61 @@ async fn phases(
             )
         })
         .collect();
-    wait_watch_caught_up(&w.watch, &recorded).await;
+    violations.extend(deletes(args, w, plan, foreign, figures, &recorded, started).await?);
+    Ok(violations)
+}
+
+/// The second and third checkpoints: deletes done, and the end.
+async fn deletes(
+    args: &ChaosArgs,
+    w: &mut Run,
+    plan: &[Planned],
+    foreign: &BTreeMap<String, check::SeenBucket>,
+    figures: &mut Figures,
+    recorded: &BTreeMap<String, Recorded>,
+    started: Instant,
+) -> anyhow::Result<Vec<Violation>> {
+    wait_watch_caught_up(&w.watch, recorded).await;
     plan::delete_all(&w.client, plan).await?;
+    let mut violations = Vec::new();
     violations.extend(wait_blocked(args, w, plan).await);
     let blocked = observe::snapshot(&w.scope(), &w.watch).await?;
     violations.extend(at(
         "deletes done",
-        check::after_deletes(plan, &recorded, &blocked),
+        check::after_deletes(plan, recorded, &blocked),
     ));
     unblock(w, plan, &blocked).await?;
     violations.extend(wait_gone(args, w, plan).await);
     figures.converged = started.elapsed();
     let end = observe::snapshot(&w.scope(), &w.watch).await?;
-    let (at_end, tally) = check::at_end(plan, &recorded, &end, foreign);
+    let (at_end, tally) = check::at_end(plan, recorded, &end, foreign);
     figures.tally = tally;
-    figures.left = check::left(plan, &recorded, &end, foreign);
+    figures.left = check::left(plan, recorded, &end, foreign);
     figures.foreign_kept = foreign
         .iter()
         .filter(|(id, b)| end.buckets.get(*id) == Some(*b))
         .count();
     violations.extend(at("end", at_end));
+    violations.extend(at(
+        "live map at the end",
+        w.followers.check(&w.client, MAP_NAME).await,
+    ));
     Ok(violations)
+}
+
+/// What the run verified, besides the violations.
+fn print_verified(violations: &[Violation], verified: &[String]) {
+    println!("\n## disruptions verified");
+    println!("- kube-apiserver restarted once (etcd kept) while the resources converged");
+    if !violations.iter().any(|v| v.starts_with("[live map")) {
+        println!(
+            "- each namespace's sidecar live map (a follower with the operator's grant only) \
+             held its map, confirmed within the bound, at all Ready and at the end"
+        );
+    }
+    for line in verified {
+        println!("- {line}");
+    }
 }
 
 /// Violations labelled with their checkpoint.

@@ -272,6 +272,7 @@ fn spawn(spec: &ReplicaSpec, slot: usize) -> anyhow::Result<Child> {
         .args(["operator", "--gcs-anonymous"])
         .args(["--gcs-endpoint", &spec.gcs_endpoint])
         .args(["--bucket-ops-interval", "0s"])
+        .args(["--map-reader-role", super::followers::MAP_READER_ROLE])
         .arg("--tenancy-policy")
         .arg(&spec.tenancy_policy)
         .args(["--leader-elect", "--leader-election-namespace"])
