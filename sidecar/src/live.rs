@@ -182,11 +182,17 @@ impl Follower {
             let sent = Instant::now();
             match self.list().await {
                 Ok((entries, version)) => {
-                    backoff = Duration::from_millis(250);
                     self.apply(entries, "list");
                     self.store.confirm(sent);
                     self.recovered();
-                    self.watch_until_end(&version).await;
+                    if self.watch_until_end(&version).await {
+                        backoff = Duration::from_millis(250);
+                    } else {
+                        // A watch that fails at once must not turn into a
+                        // list per round trip.
+                        self.sleep_watching_age(backoff).await;
+                        backoff = (backoff * 2).min(self.cfg.relist);
+                    }
                 }
                 Err(err) => {
                     self.failed(&err);
@@ -197,12 +203,15 @@ impl Follower {
         }
     }
 
-    /// Watches until the watch ends, logging the map's age on the way.
-    async fn watch_until_end(&mut self, version: &str) {
-        let result = self.watch(version).await;
-        match result {
-            Ok(WatchEnd::Closed | WatchEnd::Expired) => {}
-            Err(err) => self.failed(&err),
+    /// Watches until the watch ends; whether it ended as a watch does
+    /// (the API server's timeout, or an expired resourceVersion).
+    async fn watch_until_end(&mut self, version: &str) -> bool {
+        match self.watch(version).await {
+            Ok(WatchEnd::Closed | WatchEnd::Expired) => true,
+            Err(err) => {
+                self.failed(&err);
+                false
+            }
         }
     }
 
