@@ -171,7 +171,13 @@ impl Fixture {
         let envtest = dir.path().join("tools/envtest");
         std::fs::create_dir_all(envtest.join("oldest")).unwrap();
         std::fs::copy(repo_path("tools/lib.sh"), dir.path().join("tools/lib.sh")).unwrap();
-        for file in ["install.sh", "archive.sh", "go.mod", "oldest/go.mod"] {
+        for file in [
+            "install.sh",
+            "archive.sh",
+            "archives.sh",
+            "go.mod",
+            "oldest/go.mod",
+        ] {
             std::fs::copy(
                 repo_path(&format!("tools/envtest/{file}")),
                 envtest.join(file),
@@ -527,4 +533,78 @@ fn pinned_version_in(path: &Path) -> String {
             _ => None,
         })
         .unwrap()
+}
+
+/// The base URL archive.sh fetches from, as it sets it.
+fn archive_base_url() -> String {
+    let script = std::fs::read_to_string(repo_path("tools/envtest/archive.sh")).unwrap();
+    let line = script
+        .lines()
+        .find_map(|l| l.strip_prefix("envtest_archive_base_url=\""))
+        .unwrap();
+    line.trim_end_matches('"').to_owned()
+}
+
+/// An index entry as the release index writes it, linked at `base`.
+fn index_entry(version: &str, platform: &str, hash: &str, base: &str) -> String {
+    let name = format!("envtest-{version}-{platform}.tar.gz");
+    format!("    {name}:\n      hash: {hash}\n      selfLink: {base}/envtest-{version}/{name}\n")
+}
+
+#[test]
+fn the_table_rows_come_from_the_release_index() {
+    let base = archive_base_url();
+    let base = base.as_str();
+    let kubernetes = pinned_kubernetes();
+    let oldest = pinned_version_in(&repo_path("tools/envtest/oldest/go.mod"));
+    let platforms = ["linux-amd64", "linux-arm64", "darwin-amd64", "darwin-arm64"];
+    let hash = |v: &str, p: &str| sha512_hex(format!("{v} {p}").as_bytes());
+    let index = |versions: &[&str], moved: Option<&str>| {
+        let mut yaml = "releases:\n  v1.0.0:\n".to_owned();
+        yaml += &index_entry("v1.0.0", "linux-amd64", &hash("v1.0.0", "x"), base);
+        for v in versions {
+            let _ = writeln!(yaml, "  {v}:");
+            for p in platforms {
+                let base = if moved == Some(p) {
+                    "https://elsewhere.test/d"
+                } else {
+                    base
+                };
+                yaml += &index_entry(v, p, &hash(v, p), base);
+            }
+        }
+        yaml
+    };
+    let fixture = Fixture::new(&[]);
+    let run = |yaml: String| {
+        let path = fixture.dir.path().join("index.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let out = std::process::Command::new("bash")
+            .arg(fixture.dir.path().join("tools/envtest/archives.sh"))
+            .arg(&path)
+            .output()
+            .unwrap();
+        Run::from(out)
+    };
+
+    let complete = run(index(&[&kubernetes, &oldest], None));
+    assert!(complete.success, "{}", complete.stderr);
+    let expected: Vec<String> = [&kubernetes, &oldest]
+        .iter()
+        .flat_map(|v| platforms.map(|p| format!("{v}\t{p}\t{}", hash(v, p))))
+        .collect();
+    assert_eq!(complete.stdout.lines().collect::<Vec<_>>(), expected);
+
+    let partial = run(index(&[&kubernetes], Some("darwin-arm64")));
+    assert!(!partial.success, "{}", partial.stdout);
+    assert_eq!(partial.stdout.lines().collect::<Vec<_>>(), expected[..3]);
+    assert!(
+        partial.stderr.contains("not where archive.sh fetches it"),
+        "{}",
+        partial.stderr
+    );
+    for p in platforms {
+        let name = format!("the index has no envtest-{oldest}-{p}.tar.gz");
+        assert!(partial.stderr.contains(&name), "{}", partial.stderr);
+    }
 }
