@@ -60,15 +60,29 @@ cache_root() {
 
 # build_once DEST COMPLETE BUILD OVERRIDE: unless `COMPLETE DEST` already
 # holds, runs `BUILD DIR` (a function writing the tool into the empty
-# directory DIR) and publishes DIR as DEST, under the lock. Fails unless
-# `COMPLETE DIR` holds after the build. OVERRIDE names the variable that
-# points at binaries of the user's own instead (for the error without Go),
-# or is empty when there is none.
+# directory DIR) and publishes DIR as DEST, under the lock (publish_once).
+# OVERRIDE names the variable that points at binaries of the user's own
+# instead (for the error without Go), or is empty when there is none.
 build_once() {
   local dest=$1 complete=$2 build=$3 override=$4
   "$complete" "$dest" && return 0
+  require_go "$override"
+  publish_once "$dest" "$complete" "$build"
+}
 
-  command -v go >/dev/null 2>&1 || die "go is required to build $tool${override:+ (or set $override)}"
+# require_go OVERRIDE: dies unless go is on PATH, naming the variable
+# OVERRIDE (when not empty) as the way around it.
+require_go() {
+  command -v go >/dev/null 2>&1 || die "go is required to build $tool${1:+ (or set $1)}"
+}
+
+# publish_once DEST COMPLETE MAKE: unless `COMPLETE DEST` already holds,
+# runs `MAKE DIR` (a function writing the tool into the empty directory
+# DIR, by building or fetching it) and publishes DIR as DEST, under the
+# lock. Fails unless `COMPLETE DIR` holds afterwards.
+publish_once() {
+  local dest=$1 complete=$2 make=$3
+  "$complete" "$dest" && return 0
   command -v flock >/dev/null 2>&1 || die "flock (util-linux) is required"
 
   mkdir -p "$(dirname -- "$dest")"
@@ -83,7 +97,7 @@ build_once() {
   build_tmp="$(mktemp -d "$(dirname -- "$dest")/.build.XXXXXX")"
   trap 'rm -rf -- "$build_tmp"' EXIT
   local start=$SECONDS
-  "$build" "$build_tmp" >&2 || die "go build failed"
+  "$make" "$build_tmp" >&2 || die "could not provide $dest (see above)"
   "$complete" "$build_tmp" || die "the build did not produce what $dest needs"
   chmod 755 "$build_tmp"
 
@@ -91,7 +105,7 @@ build_once() {
   rm -rf -- "$dest"
   mv -T -- "$build_tmp" "$dest"
   trap - EXIT
-  log "built in $((SECONDS - start))s"
+  log "ready in $((SECONDS - start))s"
 }
 
 # pinned_version_in DIR MODULE: like pinned_version, for the go.mod in DIR

@@ -5,8 +5,10 @@
 //! their data, certificates and logs in a private temporary directory. The
 //! binaries come from [`assets_dir`]: `KUBEBUILDER_ASSETS` when set, otherwise
 //! a per-user cache filled on first use by `tools/envtest/install.sh` (which
-//! builds them from the Go module pinned in `tools/envtest/go.mod`, the newest
-//! Kubernetes release). `.ci/run` runs the operator's tests a second time
+//! fetches the envtest release archive of the Kubernetes version pinned in
+//! `tools/envtest/go.mod`, the newest release, when
+//! `tools/envtest/archives.tsv` lists its checksum, and otherwise builds
+//! them from the pinned Go modules). `.ci/run` runs the operator's tests a second time
 //! against the oldest release the chart supports, with `KUBEBUILDER_ASSETS`
 //! set to what `tools/envtest/install.sh --oldest` prints.
 //!
@@ -338,10 +340,12 @@ pub async fn create_namespace(client: &kube::Client, prefix: &str) -> Result<Str
 /// 3. this project's cache
 ///    `${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/envtest/k8s-<v>-etcd-<v>`;
 /// 4. otherwise the last stdout line of `tools/envtest/install.sh` (or
-///    `$BUCKETMAP_ENVTEST_TOOLS`, the script or its directory), which builds
-///    the binaries from pinned Go modules. That takes minutes and is shared
-///    by concurrent callers; what was searched and how to skip the build
-///    next time is printed first.
+///    `$BUCKETMAP_ENVTEST_TOOLS`, the script or its directory), which
+///    fetches the envtest release archive (checked against
+///    `tools/envtest/archives.tsv`) or else builds the binaries from pinned
+///    Go modules, and says which. A build takes minutes and is shared by
+///    concurrent callers; what was searched and how to skip the build next
+///    time is printed first.
 pub fn assets_dir() -> Result<PathBuf> {
     if let Some(dir) = kubebuilder_assets(std::env::var_os("KUBEBUILDER_ASSETS"))? {
         tracing::info!(dir = %dir.display(), "control-plane binaries from KUBEBUILDER_ASSETS");
@@ -369,7 +373,8 @@ pub fn assets_dir() -> Result<PathBuf> {
     run_install_script(&script)
 }
 
-/// What was searched before building, and how to skip the build next time.
+/// What was searched before fetching or building, and how to skip the
+/// build next time.
 fn build_notice(kubernetes: &str, setup_envtest: Option<&Path>, cached: &Path) -> String {
     let minor = kubernetes
         .trim_start_matches('v')
@@ -381,10 +386,11 @@ fn build_notice(kubernetes: &str, setup_envtest: Option<&Path>, cached: &Path) -
         .unwrap_or_else(|| "setup-envtest's cache (no home directory)".into());
     format!(
         "kube-apiserver and etcd {kubernetes} were not found (KUBEBUILDER_ASSETS is unset; \
-         searched {searched} and {}): building them from the Go modules pinned in \
-         tools/envtest/go.mod (several minutes, once; cached afterwards). To skip the \
-         build, point KUBEBUILDER_ASSETS at a directory holding both binaries, or run \
-         `setup-envtest use {minor}.x` (sigs.k8s.io/controller-runtime/tools/setup-envtest).",
+         searched {searched} and {}): tools/envtest/install.sh fetches the envtest release \
+         archive when tools/envtest/archives.tsv lists it, else builds them from the Go \
+         modules pinned in tools/envtest/go.mod (several minutes, once; cached afterwards). \
+         To skip the build, point KUBEBUILDER_ASSETS at a directory holding both binaries, \
+         or run `setup-envtest use {minor}.x` (sigs.k8s.io/controller-runtime/tools/setup-envtest).",
         cached.display()
     )
 }
@@ -1241,6 +1247,9 @@ pub async fn install_crd(
 }
 
 #[cfg(test)]
+mod fetch_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1369,6 +1378,7 @@ mod tests {
         assert!(notice.contains("/c/envtest/k8s"), "{notice}");
         assert!(notice.contains("KUBEBUILDER_ASSETS"), "{notice}");
         assert!(notice.contains("setup-envtest use 1.34.x"), "{notice}");
+        assert!(notice.contains("tools/envtest/archives.tsv"), "{notice}");
     }
 
     #[test]

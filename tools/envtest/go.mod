@@ -4,7 +4,8 @@
 // (../node/install.sh): the newest Kubernetes release. The
 // oldest release the chart admits is pinned in oldest/go.mod. To move to a
 // newer release, change k8s.io/kubernetes and the staging replaces below,
-// then `go mod tidy`.
+// then `go mod tidy`, and the version's rows in archives.tsv
+// (archives.sh).
 module bucketmap.dev/tools/envtest
 
 go 1.26.0

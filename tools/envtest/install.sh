@@ -11,13 +11,19 @@
 #   2. otherwise the cache directory
 #        ${BUCKETMAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketmap}/envtest/k8s-v<K8S>-etcd-v<ETCD>
 #      (versions read from go.mod next to this script: the newest Kubernetes
-#      release), building the binaries from the pinned Go module on first
-#      use (see ../lib.sh).
+#      release), filled on first use: from the envtest release archive of
+#      that version for this host (the binaries setup-envtest installs)
+#      when archives.tsv lists its sha512 and it can be fetched and holds
+#      these versions (archive.sh), else by building the binaries from the
+#      pinned Go modules (see ../lib.sh). It says which, and why it built.
+#      BUCKETMAP_ENVTEST_FETCH=0 skips the fetch; BUCKETMAP_ENVTEST_ARCHIVE_URL
+#      fetches from a mirror (archive.sh).
 #
 # With --oldest, the directory holds the kube-apiserver pinned in
 # oldest/go.mod (the oldest release the chart's kubeVersion admits, the
 # other end of the range CI tests) and the pinned etcd, copied from the
-# pinned directory: k8s-v<OLDEST K8S>-etcd-v<ETCD>. KUBEBUILDER_ASSETS is
+# pinned directory: k8s-v<OLDEST K8S>-etcd-v<ETCD> (its kube-apiserver
+# fetched or built the same way). KUBEBUILDER_ASSETS is
 # not read then: it stands for the pinned binaries, and the caller sets it
 # to what this prints for the run against the oldest.
 #
@@ -28,6 +34,8 @@ tool=envtest
 tools_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$tools_dir/../lib.sh"
+# shellcheck source-path=SCRIPTDIR source=archive.sh
+source "$tools_dir/archive.sh"
 
 # other: the directory of the other release's go.mod (oldest/), or empty.
 other=""
@@ -58,9 +66,50 @@ check_apiserver_version() {
   local reported
   reported="$("$1/kube-apiserver" --version)" || return 1
   [[ $reported == "Kubernetes $2" ]] && return 0
-  log "the built kube-apiserver reports '$reported', not 'Kubernetes $2'"
+  log "the kube-apiserver reports '$reported', not 'Kubernetes $2'"
   return 1
 }
+
+# check_etcd_version DIR VERSION: fails unless DIR/etcd says it is VERSION.
+check_etcd_version() {
+  local reported
+  reported="$("$1/etcd" --version)" || return 1
+  reported="${reported%%$'\n'*}"
+  [[ $reported == "etcd Version: ${2#v}" ]] && return 0
+  log "the etcd reports '$reported', not 'etcd Version: ${2#v}'"
+  return 1
+}
+
+# fetch_checked DIR VERSION CHECK MEMBER...: fetch_archive, then `CHECK DIR`
+# (the binaries are the pinned versions); on failure DIR holds none of
+# them and fetch_failure says why.
+fetch_checked() {
+  local dir=$1 version=$2 check=$3 member
+  shift 3
+  fetch_archive "$dir" "$version" "$@" || return 1
+  if "$check" "$dir"; then
+    log "fetched the envtest archive $fetched (sha512 verified against tools/envtest/archives.tsv; versions checked)"
+    return 0
+  fi
+  for member in "$@"; do rm -f -- "$dir/$member"; done
+  fail "the archive's binaries are not the pinned versions (above)"
+}
+
+# fetch_or_build DIR FETCH BUILD: `FETCH DIR`, else says why and `BUILD DIR`.
+fetch_or_build() {
+  if "$2" "$1"; then
+    return 0
+  fi
+  log "building from the pinned Go modules because $fetch_failure"
+  require_go KUBEBUILDER_ASSETS
+  "$3" "$1"
+}
+
+check_pinned() {
+  check_apiserver_version "$1" "$k8s_version" && check_etcd_version "$1" "$etcd_version"
+}
+fetch() { fetch_checked "$1" "$k8s_version" check_pinned kube-apiserver etcd; }
+provide() { fetch_or_build "$1" fetch build; }
 
 build() {
   local ldflags built
@@ -92,7 +141,16 @@ build_other() {
   check_apiserver_version "$1" "$other_version"
 }
 
-build_once "$assets" has_assets build KUBEBUILDER_ASSETS
+# fetch_other DIR: the other release's kube-apiserver from its archive,
+# beside a copy of the pinned etcd (as build_other).
+fetch_other() {
+  check_other() { check_apiserver_version "$1" "$other_version"; }
+  fetch_checked "$1" "$other_version" check_other kube-apiserver || return 1
+  cp -- "$assets/etcd" "$1/etcd" || { rm -f -- "$1/kube-apiserver"; fail "cannot copy $assets/etcd"; }
+}
+provide_other() { fetch_or_build "$1" fetch_other build_other; }
+
+publish_once "$assets" has_assets provide
 if [[ -z $other ]]; then
   printf '%s\n' "$assets"
   exit 0
@@ -101,5 +159,5 @@ fi
 other_version="$(pinned_version_in "$tools_dir/$other" k8s.io/kubernetes)"
 other_assets="$(cache_root)/envtest/k8s-$other_version-etcd-$etcd_version"
 # No override: KUBEBUILDER_ASSETS names the pinned assets, not these.
-build_once "$other_assets" has_assets build_other ""
+publish_once "$other_assets" has_assets provide_other
 printf '%s\n' "$other_assets"

@@ -1,9 +1,10 @@
 // Pinned build of the oldest kube-apiserver release the chart admits
 // (kubeVersion >=1.29: native sidecars), which the integration tests run
 // against besides the one pinned in ../go.mod (whose etcd it reuses):
-// `../install.sh --oldest` builds it. It moves only with the chart's
-// kubeVersion: change k8s.io/kubernetes and the staging replaces below,
-// then `go mod tidy`.
+// `../install.sh --oldest` fetches or builds it. It moves only with the
+// chart's kubeVersion: change k8s.io/kubernetes and the staging replaces
+// below, then `go mod tidy`, and the version's rows in ../archives.tsv
+// (../archives.sh).
 module bucketmap.dev/tools/envtest/oldest
 
 go 1.26.0
