@@ -157,17 +157,25 @@ async fn measure_size(args: &WatchersArgs, n: usize) -> anyhow::Result<Size> {
     eprintln!("N = {n}: starting a local control plane...");
     let env = TestEnv::start_with(GoGc::GoDefault).await?;
     let client = env.client().await?;
-    let pid = env.pids().1.context("the API server has no pid")?;
+    let server = ApiServer {
+        pid: env.pids().1.context("the API server has no pid")?,
+        port: env
+            .server_url()
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .context("the API server's URL has no port")?,
+        client: client.clone(),
+    };
     let dir = tempfile::tempdir().context("cannot create the credentials directory")?;
     eprintln!("N = {n}: {n} namespaces, their maps, accounts, grants and tokens...");
     let namespaces = setup(&env, &client, dir.path(), n, args).await?;
     measure::settle(&client).await?;
     eprintln!("N = {n}: the baseline window ({:?})...", args.window);
-    let (baseline, _) = window(pid, &client, &namespaces, args, 1, None).await?;
+    let (baseline, _) = window(&server, &namespaces, args, 1, None).await?;
     eprintln!("N = {n}: starting {n} followers...");
     let followers = Followers::start(&env, &namespaces, dir.path(), args).await?;
     eprintln!("N = {n}: the followers' window ({:?})...", args.window);
-    let (with, delivery) = window(pid, &client, &namespaces, args, 2, Some(&followers)).await?;
+    let (with, delivery) = window(&server, &namespaces, args, 2, Some(&followers)).await?;
     let relist = followers.relist;
     followers.stop().await;
     let delivery = delivery.context("no deliveries measured")?;
@@ -354,6 +362,13 @@ fn holds(store: &MappingStore, physical: &str) -> bool {
         .is_some_and(|m| m.physical(MOVED) == Some(physical))
 }
 
+/// The API server measured: its process, port and an admin client.
+struct ApiServer {
+    pid: u32,
+    port: u16,
+    client: kube::Client,
+}
+
 /// The API server process and its counters at one moment.
 struct Snapshot {
     at: Instant,
@@ -362,15 +377,20 @@ struct Snapshot {
     own_cpu: f64,
     rss_kib: u64,
     hwm_kib: u64,
+    /// TCP connections open to the API server's port.
+    connections: usize,
     metrics: String,
     load: String,
 }
 
 impl Snapshot {
-    async fn take(pid: u32, client: &kube::Client) -> anyhow::Result<Snapshot> {
-        let metrics = measure::metrics_text(client).await?;
+    async fn take(server: &ApiServer) -> anyhow::Result<Snapshot> {
+        let metrics = measure::metrics_text(&server.client).await?;
         let load = std::fs::read_to_string("/proc/loadavg").context("cannot read /proc/loadavg")?;
+        let tcp = std::fs::read_to_string("/proc/net/tcp").context("cannot read /proc/net/tcp")?;
+        let pid = server.pid;
         Ok(Snapshot {
+            connections: connections_to(&tcp, server.port),
             at: Instant::now(),
             cpu: measure::process_cpu_seconds(pid)?,
             own_cpu: measure::process_cpu_seconds(std::process::id())?,
@@ -399,6 +419,8 @@ struct Window {
     requests: BTreeMap<String, f64>,
     /// ConfigMap watches open at the window's end.
     watches: f64,
+    /// TCP connections open to the API server at the window's end.
+    connections: usize,
     /// The load average (1, 5, 15 minutes) at the window's start and end.
     load: (String, String),
 }
@@ -418,6 +440,7 @@ impl Window {
             hwm_kib: end.hwm_kib,
             requests,
             watches: open_watches(&end.metrics, "configmaps"),
+            connections: end.connections,
             load: (start.load.clone(), end.load.clone()),
         }
     }
@@ -438,22 +461,21 @@ struct Delivery {
 /// [`moved_to`]`(round)`), spread over its middle half, and measures the
 /// API server over it; with `followers`, times each change's delivery.
 async fn window(
-    pid: u32,
-    client: &kube::Client,
+    server: &ApiServer,
     namespaces: &[String],
     args: &WatchersArgs,
     round: usize,
     followers: Option<&Followers>,
 ) -> anyhow::Result<(Window, Option<Delivery>)> {
-    let clear_refs = format!("/proc/{pid}/clear_refs");
+    let clear_refs = format!("/proc/{}/clear_refs", server.pid);
     // "5" resets the process's peak RSS (VmHWM) to its current RSS.
     std::fs::write(&clear_refs, "5").with_context(|| format!("cannot write {clear_refs}"))?;
-    let start = Snapshot::take(pid, client).await?;
+    let start = Snapshot::take(server).await?;
     let t0 = start.at;
     let (acks, acked) = mpsc::unbounded_channel();
     let first = t0 + args.window / 4;
     let changes = change_all(
-        client,
+        &server.client,
         namespaces,
         round,
         first,
@@ -471,7 +493,7 @@ async fn window(
     };
     let end = async {
         tokio::time::sleep_until((t0 + args.window).into()).await;
-        Snapshot::take(pid, client).await
+        Snapshot::take(server).await
     };
     let (changed, delivery, end) = tokio::join!(changes, deliveries, end);
     changed?;
@@ -577,6 +599,22 @@ fn requests_by_verb(text: &str) -> BTreeMap<String, f64> {
         *out.entry(verb).or_insert(0.0) += count;
     }
     out
+}
+
+/// Established connections to loopback `port` in a `/proc/net/tcp` table
+/// (each connection's client side: its remote address is the port).
+fn connections_to(table: &str, port: u16) -> usize {
+    let remote = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let mut fields = line.split_whitespace().skip(2);
+            let rem = fields.next().unwrap_or_default();
+            // State 01 is ESTABLISHED.
+            rem.ends_with(&remote) && fields.next() == Some("01")
+        })
+        .count()
 }
 
 /// Watches of `resource` open now (`apiserver_longrunning_requests`).
@@ -691,10 +729,14 @@ fn print_requests(s: &Size) {
         .collect();
     println!(
         "- requests per second by verb, with followers (baseline): {}; ConfigMap watches open \
-         at the end: {:.0} ({:.0})",
+         at the end: {:.0} ({:.0}); TCP connections to the API server: {} ({}), {:.2} per \
+         follower",
         verbs.join(", "),
         f.watches,
         b.watches,
+        f.connections,
+        b.connections,
+        (f.connections as f64 - b.connections as f64) / s.n as f64,
     );
 }
 
@@ -799,6 +841,21 @@ mod tests {
         assert_eq!(by_verb.get("PATCH"), Some(&15.0));
         assert_eq!(open_watches(text, "configmaps"), 100.0);
         assert_eq!(open_watches(text, "pods"), 0.0);
+    }
+
+    #[test]
+    fn established_connections_to_a_port_are_counted() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue\n\
+            0: 0100007F:9D0B 00000000:0000 0A 00000000:00000000\n\
+            1: 0100007F:C350 0100007F:9D0B 01 00000000:00000000\n\
+            2: 0100007F:C351 0100007F:9D0B 01 00000000:00000000\n\
+            3: 0100007F:C352 0100007F:9D0B 06 00000000:00000000\n\
+            4: 0100007F:9D0B 0100007F:C350 01 00000000:00000000\n\
+            5: 0100007F:C353 0100007F:19D0B 01 00000000:00000000\n";
+        // 0x9D0B = 40203: two established, one in TIME_WAIT, one the
+        // server's side, one another port.
+        assert_eq!(connections_to(table, 40203), 2);
+        assert_eq!(connections_to(table, 1), 0);
     }
 
     #[test]
