@@ -765,13 +765,17 @@ fn print_extrapolation(sizes: &[Size], pods: usize) {
     let (Some(cpu), Some(rss)) = (Line::fit(&cpu), Line::fit(&rss)) else {
         return;
     };
-    let from: Vec<String> = sizes.iter().map(|s| s.n.to_string()).collect();
+    let from = sizes
+        .iter()
+        .map(|s| s.n.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let how = match sizes {
+        [_] => format!("the increment over the baseline at N = {from}, in proportion"),
+        _ => format!("a least-squares line through the increments over the baseline at N = {from}"),
+    };
     let x = pods as f64;
-    println!(
-        "## Extrapolated to {pods} pods (not measured: a linear fit of the increments over \
-         the baseline at N = {})",
-        from.join(", ")
-    );
+    println!("## Extrapolated to {pods} pods (not measured: {how})");
     println!(
         "- API server CPU: +{:.1} s per minute ({:.2} cores); fit {:.2} s/min + {:.3} ms/min × N",
         cpu.at(x),
