@@ -38,6 +38,9 @@ enum Command {
     Up(dev::DevArgs),
     /// Measure the operator at scale against the mock GCS on a local control plane.
     Bench(bench::BenchArgs),
+    /// Measure what the sidecars following their bucket maps live cost the
+    /// API server (CPU, RSS, requests, delivery of a change) at N pods.
+    BenchMapWatchers(bench::watchers::WatchersArgs),
     /// Create and delete hundreds of resources while operator replicas are
     /// killed, the mock GCS fails at random and the API server restarts;
     /// then check that nothing was lost, duplicated or wrongly deleted.
@@ -74,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
         None => dev::run(cli.up).await,
         Some(Command::Up(args)) => dev::run(args).await,
         Some(Command::Bench(args)) => bench::bench(args).await,
+        Some(Command::BenchMapWatchers(args)) => bench::watchers::run(args).await,
         Some(Command::Chaos(args)) => chaos::chaos(args).await,
         Some(Command::Crd(args)) => crd::run(&args),
         Some(Command::GrpcSchema) => grpc_schema::run(),

@@ -155,12 +155,7 @@ impl Operator {
 
     /// CPU seconds (user + system) the operator has used so far.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let pid = self.pid()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .context("cannot read /proc stat")?;
-        proc_stat_cpu_ticks(&stat)
-            .map(|ticks| ticks as f64 / CLOCK_TICKS_PER_SECOND)
-            .with_context(|| format!("malformed /proc/{pid}/stat"))
+        process_cpu_seconds(self.pid()?)
     }
 
     async fn metrics(&self) -> anyhow::Result<String> {
@@ -185,6 +180,16 @@ impl Operator {
 /// `USER_HZ`: 100 on every Linux architecture the operator is built for.
 const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
 
+/// CPU seconds (user + system) process `pid` has used so far, as the
+/// kernel accounts them.
+pub fn process_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    proc_stat_cpu_ticks(&stat)
+        .map(|ticks| ticks as f64 / CLOCK_TICKS_PER_SECOND)
+        .with_context(|| format!("malformed /proc/{pid}/stat"))
+}
+
 /// utime + stime of a `/proc/PID/stat` line. The command name (field 2) may
 /// hold spaces and parentheses, so fields are counted after its last `)`.
 fn proc_stat_cpu_ticks(stat: &str) -> Option<u64> {
@@ -195,7 +200,8 @@ fn proc_stat_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`), in KiB.
+pub fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .context("cannot read /proc status")?;
     status
@@ -207,7 +213,7 @@ fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
 }
 
 /// Sums the samples of `metric` whose label set passes `labels`.
-fn sample(text: &str, metric: &str, labels: impl Fn(&str) -> bool) -> f64 {
+pub fn sample(text: &str, metric: &str, labels: impl Fn(&str) -> bool) -> f64 {
     text.lines()
         .filter_map(|line| {
             let rest = line.strip_prefix(metric)?;
@@ -260,13 +266,7 @@ pub struct ApiCounters {
 
 impl ApiCounters {
     pub async fn read(client: &kube::Client) -> anyhow::Result<Self> {
-        let request = http::Request::get("/metrics")
-            .body(Vec::new())
-            .context("cannot build the metrics request")?;
-        let text = client
-            .request_text(request)
-            .await
-            .context("cannot read the API server's metrics")?;
+        let text = metrics_text(client).await?;
         let is_write = |labels: &str| {
             // The metric's verbs: POST creates, PUT updates, APPLY is server-side apply.
             ["POST", "PUT", "PATCH", "APPLY", "DELETE"]
@@ -323,16 +323,29 @@ impl ApiCounters {
     }
 }
 
+/// The API server's `/metrics` (Prometheus text).
+pub async fn metrics_text(client: &kube::Client) -> anyhow::Result<String> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("cannot build the metrics request")?;
+    client
+        .request_text(request)
+        .await
+        .context("cannot read the API server's metrics")
+}
+
+/// The value of label `name` in a sample's label set (`a="x",b="y"`).
+pub fn label(labels: &str, name: &str) -> Option<String> {
+    // `,name="` so that `resource` does not match inside `subresource`.
+    let labels = format!(",{labels}");
+    let start = labels.find(&format!(",{name}=\""))? + name.len() + 3;
+    let end = labels[start..].find('"')? + start;
+    Some(labels[start..end].to_owned())
+}
+
 /// `apiserver_request_duration_seconds_sum` by resource and verb (watches
 /// left out: they last as long as the connection).
 fn request_seconds(text: &str) -> BTreeMap<String, f64> {
-    // `,name="` so that `resource` does not match inside `subresource`.
-    let label = |labels: &str, name: &str| -> Option<String> {
-        let labels = format!(",{labels}");
-        let start = labels.find(&format!(",{name}=\""))? + name.len() + 3;
-        let end = labels[start..].find('"')? + start;
-        Some(labels[start..end].to_owned())
-    };
     let mut out = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_duration_seconds_sum{") else {

@@ -90,6 +90,7 @@ pub struct BenchArgs {
 }
 
 mod measure;
+pub mod watchers;
 
 use measure::{ApiCounters, Operator, wait_until};
 
