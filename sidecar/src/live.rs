@@ -40,9 +40,8 @@ use anyhow::{Context as _, bail};
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt as _, Empty};
-use hyper_util::client::legacy::Client;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use tokio::sync::watch;
 
@@ -66,7 +65,61 @@ pub struct LiveConfig {
     pub relist: Duration,
 }
 
-type ApiClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// One HTTP/1.1 connection to the API server, opened when needed and kept:
+/// each list and the watch after it go over it one after the other, so a
+/// follower holds one connection in the API server, not a pool's.
+struct Connection {
+    connector: Connector,
+    api: Uri,
+    sender: Option<SendRequest<Empty<Bytes>>>,
+}
+
+impl Connection {
+    /// Sends `request` on the kept connection, opening one if there is none
+    /// or it closed; a failed send drops it.
+    async fn send(
+        &mut self,
+        request: Request<Empty<Bytes>>,
+    ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+        if let Some(sender) = &mut self.sender
+            && sender.ready().await.is_err()
+        {
+            self.sender = None;
+        }
+        let mut sender = match self.sender.take() {
+            Some(sender) => sender,
+            None => self.connect().await?,
+        };
+        let response = sender
+            .send_request(request)
+            .await
+            .with_context(|| format!("the request to the API server at {} failed", self.api))?;
+        self.sender = Some(sender);
+        Ok(response)
+    }
+
+    /// TCP, TLS, the HTTP/1.1 handshake; the connection's task runs on the
+    /// runtime until the connection closes.
+    async fn connect(&mut self) -> anyhow::Result<SendRequest<Empty<Bytes>>> {
+        let stream = tower::ServiceExt::oneshot(self.connector.clone(), self.api.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach the API server at {}: {e}", self.api))?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(stream)
+            .await
+            .context("the HTTP handshake with the API server failed")?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    /// Drops the connection: a response was abandoned half-read.
+    fn reset(&mut self) {
+        self.sender = None;
+    }
+}
 
 /// The ConfigMap as the sidecar reads it.
 #[derive(Debug, Deserialize)]
@@ -106,16 +159,14 @@ enum WatchEnd {
     Expired,
 }
 
-/// The API client: rustls with the cluster's CA only, HTTP/1.1, pooled
-/// (the list and the watch after it reuse one connection).
-pub fn client(cfg: &LiveConfig) -> anyhow::Result<ApiClient> {
+/// The connection's connector: rustls with the cluster's CA only, HTTP/1.1.
+fn connector(cfg: &LiveConfig) -> anyhow::Result<Connector> {
     let tls = crate::tls::cluster_config(&cfg.ca_file)?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
-        .wrap_connector(crate::upstream::tcp_connector(Duration::from_secs(5)));
-    Ok(Client::builder(TokioExecutor::new()).build(https))
+        .wrap_connector(crate::upstream::tcp_connector(Duration::from_secs(5))))
 }
 
 /// Follows the map until `shutdown` turns true.
@@ -125,8 +176,8 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let client = match client(&cfg) {
-        Ok(client) => client,
+    let connector = match connector(&cfg) {
+        Ok(connector) => connector,
         Err(err) => {
             tracing::warn!(
                 error = format!("{err:#}"),
@@ -136,7 +187,12 @@ pub async fn run(
             return;
         }
     };
-    let mut follower = Follower::new(cfg, client, store, metrics);
+    let connection = Connection {
+        connector,
+        api: cfg.api.clone(),
+        sender: None,
+    };
+    let mut follower = Follower::new(cfg, connection, store, metrics);
     tokio::select! {
         () = follower.follow() => {}
         _ = shutdown.changed() => {}
@@ -146,7 +202,7 @@ pub async fn run(
 /// The loop's state.
 struct Follower {
     cfg: LiveConfig,
-    client: ApiClient,
+    connection: Connection,
     store: Arc<MappingStore>,
     metrics: Arc<Metrics>,
     /// The failure last logged, so a repeated one is logged once.
@@ -160,13 +216,13 @@ struct Follower {
 impl Follower {
     fn new(
         cfg: LiveConfig,
-        client: ApiClient,
+        connection: Connection,
         store: Arc<MappingStore>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             cfg,
-            client,
+            connection,
             store,
             metrics,
             last_error: None,
@@ -206,7 +262,12 @@ impl Follower {
     /// Watches until the watch ends; whether it ended as a watch does
     /// (the API server's timeout, or an expired resourceVersion).
     async fn watch_until_end(&mut self, version: &str) -> bool {
-        match self.watch(version).await {
+        let end = self.watch(version).await;
+        if !matches!(end, Ok(WatchEnd::Closed)) {
+            // The response was left half-read.
+            self.connection.reset();
+        }
+        match end {
             Ok(WatchEnd::Closed | WatchEnd::Expired) => true,
             Err(err) => {
                 self.failed(&err);
@@ -217,10 +278,16 @@ impl Follower {
 
     /// A consistent list of the one ConfigMap: its entries (none when it
     /// does not exist) and the list's resourceVersion.
-    async fn list(&self) -> anyhow::Result<(Vec<(String, String)>, String)> {
-        let body = tokio::time::timeout(Duration::from_secs(10), self.get(&self.path(None)))
-            .await
-            .context("the list took longer than 10 s")??;
+    async fn list(&mut self) -> anyhow::Result<(Vec<(String, String)>, String)> {
+        let path = self.path(None);
+        let body = match tokio::time::timeout(Duration::from_secs(10), self.get(&path)).await {
+            Ok(body) => body,
+            Err(_) => {
+                self.connection.reset();
+                bail!("the list took longer than 10 s");
+            }
+        };
+        let body = body.inspect_err(|_| self.connection.reset())?;
         let list: List =
             serde_json::from_slice(&body).context("the list is not a ConfigMapList")?;
         let entries = list
@@ -235,7 +302,8 @@ impl Follower {
     /// One watch from `version`, applying each event, until the API server
     /// ends it (after the relist period) or it fails.
     async fn watch(&mut self, version: &str) -> anyhow::Result<WatchEnd> {
-        let response = self.send(&self.path(Some(version))).await?;
+        let path = self.path(Some(version));
+        let response = self.send(&path).await?;
         let mut body = response.into_body();
         let mut buffer = BytesMut::new();
         // The API server ends the watch after `relist`; silence much longer
@@ -314,7 +382,7 @@ impl Follower {
     }
 
     /// A GET whose whole body is read.
-    async fn get(&self, path: &str) -> anyhow::Result<Bytes> {
+    async fn get(&mut self, path: &str) -> anyhow::Result<Bytes> {
         let response = self.send(path).await?;
         let body = response
             .into_body()
@@ -325,11 +393,17 @@ impl Follower {
     }
 
     /// Sends a GET with the current token; a status other than 200 is an error.
-    async fn send(&self, path: &str) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+    async fn send(&mut self, path: &str) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
         let token = std::fs::read_to_string(&self.cfg.token_file)
             .with_context(|| format!("cannot read the token {}", self.cfg.token_file.display()))?;
-        let uri = format!("{}{}", self.cfg.api.to_string().trim_end_matches('/'), path);
-        let request = Request::get(&uri)
+        let host = self
+            .cfg
+            .api
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .context("the API server's URL has no host")?;
+        let request = Request::get(path)
+            .header(http::header::HOST, host)
             .header(
                 http::header::AUTHORIZATION,
                 format!("Bearer {}", token.trim()),
@@ -337,11 +411,7 @@ impl Follower {
             .header(http::header::ACCEPT, "application/json")
             .body(Empty::new())
             .context("cannot build the request")?;
-        let response = self
-            .client
-            .request(request)
-            .await
-            .with_context(|| format!("cannot reach the API server at {}", self.cfg.api))?;
+        let response = self.connection.send(request).await?;
         if response.status() != StatusCode::OK {
             let status = response.status();
             let body = response.into_body().collect().await.map(|b| b.to_bytes());
