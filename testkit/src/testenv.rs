@@ -302,6 +302,58 @@ impl TestEnv {
     }
 }
 
+/// A token of ServiceAccount `account` in `ns` (TokenRequest: the API
+/// server's audience, valid for `seconds`), as a pod of that account gets
+/// one in its projected volume.
+pub async fn service_account_token(
+    client: &kube::Client,
+    ns: &str,
+    account: &str,
+    seconds: i64,
+) -> Result<String> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(seconds),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(account, &kube::api::PostParams::default(), &request)
+        .await
+        .with_context(|| format!("cannot request a token of ServiceAccount {ns}/{account}"))?
+        .status
+        .context("no token in the TokenRequest's status")?
+        .token)
+}
+
+/// What the injected sidecar's projected volume holds, written into `dir`:
+/// `token` (of `account`, valid for `hours`), `ca.crt` (the API server's
+/// CA) and `namespace`.
+pub async fn write_pod_credentials(
+    env: &TestEnv,
+    client: &kube::Client,
+    ns: &str,
+    account: &str,
+    hours: i64,
+    dir: &Path,
+) -> Result<()> {
+    let token = service_account_token(client, ns, account, hours * 3600).await?;
+    for (file, contents) in [
+        ("token", token),
+        ("ca.crt", env.ca_pem()?),
+        ("namespace", ns.to_owned()),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, contents)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Creates a namespace named `<prefix>-<random suffix>` and returns its name.
 ///
 /// The server picks the suffix (`generateName`), so concurrent tests never

@@ -19,7 +19,6 @@ use anyhow::Context as _;
 use bucketmap::controller::MAP_READER_BINDING;
 use common::Fixture;
 use futures::StreamExt as _;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{
@@ -139,22 +138,8 @@ async fn operator_client(f: &Fixture) -> anyhow::Result<kube::Client> {
 /// A client that authenticates as ServiceAccount `name` of `ns` only, as
 /// a pod of that ServiceAccount does with its projected token.
 async fn token_client(f: &Fixture, ns: &str, name: &str) -> anyhow::Result<kube::Client> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(f.client.clone(), ns);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("a token of ServiceAccount {ns}/{name}"))?
-        .status
-        .context("no token in the TokenRequest's status")?
-        .token;
+    let token =
+        bucketmap_testkit::testenv::service_account_token(&f.client, ns, name, 3600).await?;
     let mut config = f.env.kube_config()?;
     config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))?;
     Ok(kube::Client::try_from(config)?)

@@ -279,21 +279,7 @@ async fn grant_map_reading(client: &kube::Client, ns: &str) -> anyhow::Result<()
 /// A token of the namespace's ServiceAccount (TokenRequest, for the API
 /// server's audience, an hour: longer than any run).
 async fn token(client: &kube::Client, ns: &str) -> anyhow::Result<String> {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns)
-        .create_token_request(ACCOUNT, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("cannot request a token in {ns}"))?
-        .status
-        .context("no token in the TokenRequest's status")?
-        .token)
+    testenv::service_account_token(client, ns, ACCOUNT, 3600).await
 }
 
 /// The physical bucket the moved entry points at after change `round`.

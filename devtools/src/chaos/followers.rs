@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
@@ -21,7 +20,7 @@ use tokio::sync::watch;
 use bucketmap_sidecar::live::{self, LiveConfig};
 use bucketmap_sidecar::mapping::MappingStore;
 use bucketmap_sidecar::metrics::Metrics;
-use bucketmap_testkit::testenv::TestEnv;
+use bucketmap_testkit::testenv::{self, TestEnv};
 
 use super::check::Violation;
 
@@ -188,22 +187,5 @@ async fn write_credentials(
     let account: ServiceAccount =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "app"}}))?;
     accounts.create(&PostParams::default(), &account).await?;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(3 * 3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let token = accounts
-        .create_token_request("app", &PostParams::default(), &request)
-        .await?
-        .status
-        .context("no token in the TokenRequest's status")?
-        .token;
-    std::fs::write(dir.join("token"), token)?;
-    std::fs::write(dir.join("ca.crt"), env.ca_pem()?)?;
-    std::fs::write(dir.join("namespace"), ns)?;
-    Ok(())
+    testenv::write_pod_credentials(env, client, ns, "app", 3, dir).await
 }

@@ -23,7 +23,6 @@ use anyhow::{Context, Result};
 use bucketmap_testkit::testenv::{self, TestEnv};
 use common::http::Request;
 use common::procs::{FakeGcs, Sidecar};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -169,8 +168,8 @@ async fn grant_map_reading(client: &kube::Client, ns: &str) -> Result<()> {
     Ok(())
 }
 
-/// A token of `account` (TokenRequest), the cluster CA and the namespace,
-/// laid out as the injected projected volume.
+/// A token of `account`, the cluster CA and the namespace, laid out as
+/// the injected projected volume.
 async fn write_credentials(
     env: &TestEnv,
     client: &kube::Client,
@@ -178,24 +177,7 @@ async fn write_credentials(
     account: &str,
     dir: &Path,
 ) -> Result<()> {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), ns)
-        .create_token_request(account, &PostParams::default(), &request)
-        .await?
-        .status
-        .context("no token in the TokenRequest's status")?
-        .token;
-    std::fs::write(dir.join("token"), token)?;
-    std::fs::write(dir.join("ca.crt"), env.ca_pem()?)?;
-    std::fs::write(dir.join("namespace"), ns)?;
-    Ok(())
+    testenv::write_pod_credentials(env, client, ns, account, 1, dir).await
 }
 
 impl Fixture {
