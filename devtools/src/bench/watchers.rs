@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -122,7 +122,11 @@ fn decide_forward<'a>(request: &Request<'a>, cx: &Context<'a>) -> Result<Decisio
         .map(|name| bucket(mapping, cx.allow_physical, name))
         .collect::<Result<Names<'a>, Refusal>>()?;
     if let (true, Some(stale)) = (request.writes, cx.stale) {
-        return Err(Refusal::stale_map(stale));
+        return Err(Refusal::stale_map(
+            stale.age,
+            stale.bound,
+            stale.confirmed_once,
+        ));
     }
     Ok(Decision::Forward {
         operation,

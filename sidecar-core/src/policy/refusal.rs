@@ -260,13 +260,19 @@ impl Refusal {
 
     /// A write while the map is older than the bound: the operator may have
     /// moved the bucket since, and relies on no sidecar writing past it.
-    pub fn stale_map(stale: super::Staleness) -> Self {
-        let since = if stale.confirmed_once {
-            format!("was last confirmed {}s ago", stale.age.as_secs())
+    /// `age` counts from the last confirmation, or from the sidecar's start
+    /// when there was none (`confirmed_once` false).
+    pub fn stale_map(
+        age: std::time::Duration,
+        bound: std::time::Duration,
+        confirmed_once: bool,
+    ) -> Self {
+        let since = if confirmed_once {
+            format!("was last confirmed {}s ago", age.as_secs())
         } else {
             format!(
                 "has not been confirmed since the sidecar started {}s ago",
-                stale.age.as_secs()
+                age.as_secs()
             )
         };
         Self::new(
@@ -276,7 +282,7 @@ impl Refusal {
                  server, longer than the bound of {}s (--max-map-age), so the bucket may have \
                  moved. Reads are still served; writes resume as soon as the map is confirmed \
                  again. Retry later.",
-                stale.bound.as_secs()
+                bound.as_secs()
             ),
         )
     }
