@@ -271,17 +271,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     run_until(config, termination()).await
 }
 
-/// Reads the map once, then keeps it current until `stopped`: the
-/// directory's watch, and the API server's when `live` is set.
+/// Keeps the map current until `stopped`: the directory's watch, and the
+/// API server's when `live` is set. `last_error` is the first read's.
 fn follow_map(
     config: &Config,
     live: Option<crate::live::LiveConfig>,
     store: &Arc<MappingStore>,
     metrics: &Arc<Metrics>,
     stopped: &watch::Receiver<bool>,
+    last_error: Option<String>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut last_error = None;
-    crate::watch::reload_and_report(store, metrics, &mut last_error);
     let mut tasks = vec![tokio::spawn(crate::watch::run(
         store.clone(),
         metrics.clone(),
@@ -311,6 +310,10 @@ pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow
         store = store.following(config.max_map_age);
     }
     let store = Arc::new(store);
+    // The map is read before anything else can fail, so that a start-up
+    // failure's log says which map the sidecar had.
+    let mut last_error = None;
+    crate::watch::reload_and_report(&store, &metrics, &mut last_error);
 
     let auth = if config.no_auth {
         Auth::None
@@ -334,7 +337,7 @@ pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow
     );
 
     let (stop_tx, stopped) = watch::channel(false);
-    let sources = follow_map(&config, live, &store, &metrics, &stopped);
+    let sources = follow_map(&config, live, &store, &metrics, &stopped, last_error);
     let metrics_server = metrics_listener.map(|listener| {
         tokio::spawn(serve(
             listener,
