@@ -34,16 +34,7 @@ pub fn client_config(ca_file: Option<&Path>) -> anyhow::Result<rustls::ClientCon
             })?;
         }
     }
-    // An explicit provider, ring: rustls could not pick alone should a
-    // dependency ever link a second one.
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .context("cannot configure TLS for the upstream")?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(config)
+    with_roots(roots, "the upstream")
 }
 
 /// The client configuration towards the Kubernetes API server: the
@@ -61,11 +52,18 @@ pub fn cluster_config(ca_file: &Path) -> anyhow::Result<rustls::ClientConfig> {
         "the cluster CA {} holds no usable certificate",
         ca_file.display()
     );
+    with_roots(roots, "the API server")
+}
+
+/// A client configuration trusting `roots`, towards `peer` (for errors).
+fn with_roots(roots: rustls::RootCertStore, peer: &str) -> anyhow::Result<rustls::ClientConfig> {
+    // An explicit provider, ring: rustls could not pick alone should a
+    // dependency ever link a second one.
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .context("cannot configure TLS for the API server")?
+    .with_context(|| format!("cannot configure TLS for {peer}"))?
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(config)
