@@ -10,8 +10,8 @@ use bucketmap::crd::Gcs;
 use bucketmap_testkit::node::netns::Forwarder;
 use bucketmap_testkit::node::product::kubectl_apply;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube::api::DeleteParams;
+use kube::{Api, ResourceExt as _};
 
 use crate::cluster::Cluster;
 use crate::scenarios::ready_pod;
@@ -85,6 +85,31 @@ async fn until_ready(c: &Cluster, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Polls every 50 ms until every Gcs in `staging` is Ready (the examples
+/// apply more than one, and the first scenario waits for one of them), and
+/// returns how many there are: the map the running sidecar must hold before
+/// anything new is applied.
+async fn settled(c: &Cluster) -> Result<u64> {
+    let api: Api<Gcs> = Api::namespaced(c.client.clone(), "staging");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let all = api.list(&Default::default()).await?.items;
+        if !all.is_empty() && all.iter().all(Gcs::is_ready) {
+            return Ok(all.len() as u64);
+        }
+        let waiting: Vec<_> = all
+            .iter()
+            .filter(|g| !g.is_ready())
+            .map(|g| g.name_any())
+            .collect();
+        ensure!(
+            Instant::now() < deadline,
+            "Gcs in staging never Ready: {waiting:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The p-th percentile (0-100) of sorted durations, nearest rank.
 fn percentile(sorted: &[Duration], p: usize) -> Duration {
     let rank = (sorted.len() * p).div_ceil(100).max(1);
@@ -101,8 +126,8 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
 pub async fn new_gcs_reach_the_running_sidecar(c: Arc<Cluster>) -> Result<()> {
     let pod = ready_pod(&c, "staging", "app=photo-app").await?;
     let sidecar = Sidecar::of(&c, &pod).await?;
-    let base = sidecar.entries().await?;
-    ensure!(base >= 1, "the sidecar holds {base} mappings");
+    let base = settled(&c).await?;
+    sidecar.until_entries(base).await?;
     let (mut took, mut whole) = (Vec::new(), Vec::new());
     for i in 0..NEW_GCS {
         if i == NEW_GCS / 3 {
