@@ -36,6 +36,7 @@ pub mod naming;
 pub mod notifications;
 pub mod permissions;
 pub mod publish;
+pub mod relocation;
 pub mod settings;
 pub mod slots;
 pub mod telemetry;

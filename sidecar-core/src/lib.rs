@@ -28,6 +28,8 @@
 //!   protocol-neutral request model, the decision (forward or refuse) and
 //!   the one refusal type with its table of GCS reasons, HTTP statuses and
 //!   gRPC codes.
+//! - [`relocation`]: what happens to requests to an entry a move is
+//!   switching to another bucket (held, refused, cut off).
 //! - [`mapping`]: the validated logical ↔ physical bijection; [`names`]:
 //!   bucket-name syntax; [`errors`]: the GCS-style errors the sidecar
 //!   answers itself; [`signing`]: signed requests, which a rewrite would
@@ -47,6 +49,7 @@ pub mod mapping;
 pub mod multipart;
 pub mod names;
 pub mod policy;
+pub mod relocation;
 pub mod resource;
 pub mod rewrite;
 pub mod route;
