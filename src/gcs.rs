@@ -19,7 +19,9 @@ use google_cloud_storage::model::{Bucket, Object};
 use crate::metrics::Metrics;
 
 mod notifications;
+mod objects;
 pub use notifications::NotificationResource;
+pub use objects::{ObjectPage, RewriteCall};
 
 /// How the operator authenticates to GCS.
 #[derive(Debug, Clone)]

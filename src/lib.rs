@@ -106,6 +106,9 @@ pub enum Error {
     /// before it expires.
     #[error("{0}")]
     RetentionLocked(String),
+    /// A copy of an object does not match its source (size or CRC32C).
+    #[error("{0}")]
+    CopyMismatch(String),
     /// The object lacks a field every stored object has.
     #[error("object has no {0}")]
     MissingField(&'static str),
@@ -137,6 +140,7 @@ impl Error {
             Error::DeletionBlocked(_) => "deletion_blocked".into(),
             Error::RetentionLocked(_) => "retention_locked".into(),
             Error::MissingField(_) => "missing_field".into(),
+            Error::CopyMismatch(_) => "copy_mismatch".into(),
             Error::Publish(_) => "publish".into(),
             Error::BindingNotOwned(_) => "binding_not_owned".into(),
             Error::Conflict(_) => "conflict".into(),

@@ -3,6 +3,7 @@
 //! drives and a model test checks (docs/ARCHITECTURE.md, "Moving a bucket:
 //! the switch"). The sidecar's half is `bucketmap_sidecar_core::relocation`.
 
+pub mod copy;
 pub mod switch;
 
 #[cfg(test)]
