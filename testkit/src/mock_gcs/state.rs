@@ -46,6 +46,8 @@ pub(crate) struct State {
     pub(crate) uploads: HashMap<String, Upload>,
     /// Last upload id number handed out.
     pub(crate) last_upload: u64,
+    /// Rewrites that answered with a rewrite token (`rewrite.rs`).
+    pub(crate) rewrites: super::rewrite::Rewrites,
     pub(crate) controls: Controls,
     /// Buckets' IAM policies (`iam.rs`).
     pub(crate) iam: super::iam::Policies,
