@@ -6,7 +6,8 @@
 //! DeleteObject, GetObject, and the
 //! object data methods WriteObject, BidiWriteObject, StartResumableWrite,
 //! QueryWriteStatus, ReadObject, BidiReadObject, ComposeObject,
-//! RewriteObject with their real streaming shapes) over plaintext HTTP/2
+//! RewriteObject with their real streaming shapes, rewrite tokens
+//! included) over plaintext HTTP/2
 //! (h2c) on a local port, with GCS semantics: global bucket ids,
 //! metageneration and generation preconditions, field-mask updates,
 //! non-empty bucket protection, object versioning, retention policies and
@@ -40,6 +41,7 @@ mod notifications;
 mod objects;
 mod objects_grpc;
 mod retention;
+mod rewrite;
 pub(crate) mod service;
 mod settings;
 mod state;
@@ -50,6 +52,8 @@ mod tests;
 mod tests_grpc;
 #[cfg(test)]
 mod tests_notifications;
+#[cfg(test)]
+mod tests_rewrite;
 #[cfg(test)]
 mod tests_settings;
 
@@ -319,6 +323,15 @@ impl MockHandle {
             [one] => one.clone(),
             chunks => Bytes::from(chunks.concat()),
         })
+    }
+
+    /// How many bytes one RewriteObject call copies when the copy changes
+    /// location or storage class and the request sets no
+    /// `max_bytes_rewritten_per_call`: GCS then answers with a rewrite
+    /// token until the copy is done. 1 MiB unless set; 0 copies such
+    /// objects in one call.
+    pub fn set_rewrite_bytes_per_call(&self, bytes: u64) {
+        self.lock().rewrites.bytes_per_call = bytes;
     }
 
     /// How many write sessions are open (resumable uploads and write

@@ -1,6 +1,6 @@
 //! Object data RPCs on the state: write sessions (one-shot and resumable),
-//! what a read serves, ComposeObject, RewriteObject and QueryWriteStatus.
-//! The streams around them are in `streams.rs`.
+//! what a read serves, ComposeObject and QueryWriteStatus. The streams
+//! around them are in `streams.rs`, RewriteObject in `rewrite.rs`.
 
 use bytes::Bytes;
 use tonic::Status;
@@ -8,7 +8,7 @@ use tonic::Status;
 use super::content::{Content, Hasher, check_checksums, check_chunk};
 use super::objects::{check_object_preconditions, find_object, object_not_found};
 use super::proto;
-use super::state::{State, bucket_name, parse_bucket_name};
+use super::state::{State, parse_bucket_name};
 
 /// Most source objects one ComposeObject takes, as in GCS.
 const MAX_COMPOSE_SOURCES: usize = 32;
@@ -77,7 +77,11 @@ pub(crate) struct Preconditions {
 impl Preconditions {
     /// FAILED_PRECONDITION unless `current` (the live generation, if any)
     /// satisfies every precondition; generation 0 stands for "no live object".
-    fn check_write(&self, name: &str, current: Option<&proto::Object>) -> Result<(), Status> {
+    pub(crate) fn check_write(
+        &self,
+        name: &str,
+        current: Option<&proto::Object>,
+    ) -> Result<(), Status> {
         let generation = current.map_or(0, |o| o.generation);
         let failed = self.if_generation_match.is_some_and(|g| g != generation)
             || self.if_generation_not_match == Some(generation)
@@ -268,7 +272,8 @@ impl State {
         })
     }
 
-    fn live_object(&self, bucket: &str, name: &str) -> Option<&proto::Object> {
+    /// The live generation of object `name` in bucket `bucket`, if any.
+    pub(crate) fn live_object(&self, bucket: &str, name: &str) -> Option<&proto::Object> {
         self.objects
             .get(bucket)
             .and_then(|objects| find_object(objects, name, 0))
@@ -364,68 +369,6 @@ impl State {
         template.component_count = components;
         template.checksums = Some(checksums);
         self.store_object(&bucket, template, Content::from_chunks(chunks))
-    }
-
-    /// Copies an object, across buckets if asked, in one call.
-    pub(crate) fn rewrite_object(
-        &mut self,
-        request: proto::RewriteObjectRequest,
-    ) -> Result<proto::RewriteResponse, Status> {
-        let source = self.read_source(
-            &request.source_bucket,
-            &request.source_object,
-            request.source_generation,
-            Preconditions {
-                if_generation_match: request.if_source_generation_match,
-                if_generation_not_match: request.if_source_generation_not_match,
-                if_metageneration_match: request.if_source_metageneration_match,
-                if_metageneration_not_match: request.if_source_metageneration_not_match,
-            },
-        )?;
-        let bucket = parse_bucket_name(&request.destination_bucket)?.to_string();
-        self.existing_bucket(&bucket)?;
-        if request.destination_name.is_empty() {
-            return Err(Status::invalid_argument("destination_name is required"));
-        }
-        Preconditions {
-            if_generation_match: request.if_generation_match,
-            if_generation_not_match: request.if_generation_not_match,
-            if_metageneration_match: request.if_metageneration_match,
-            if_metageneration_not_match: request.if_metageneration_not_match,
-        }
-        .check_write(
-            &request.destination_name,
-            self.live_object(&bucket, &request.destination_name),
-        )?;
-        let mut template = request
-            .destination
-            .unwrap_or_else(|| copied_metadata(&source.object));
-        template.name = request.destination_name;
-        template.bucket = bucket_name(&bucket);
-        template.checksums = source.object.checksums.clone();
-        template.component_count = source.object.component_count;
-        let size = source.object.size;
-        let object = self.store_object(&bucket, template, source.content)?;
-        Ok(proto::RewriteResponse {
-            total_bytes_rewritten: size,
-            object_size: size,
-            done: true,
-            rewrite_token: String::new(),
-            resource: Some(object),
-        })
-    }
-}
-
-/// The metadata a copy keeps from its source when the request gives none.
-fn copied_metadata(source: &proto::Object) -> proto::Object {
-    proto::Object {
-        content_type: source.content_type.clone(),
-        content_encoding: source.content_encoding.clone(),
-        content_disposition: source.content_disposition.clone(),
-        content_language: source.content_language.clone(),
-        cache_control: source.cache_control.clone(),
-        metadata: source.metadata.clone(),
-        ..Default::default()
     }
 }
 

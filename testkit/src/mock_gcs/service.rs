@@ -194,7 +194,7 @@ impl generated::storage_server::Storage for MockService {
     }
 
     // Object data: streaming writes and reads, compose, rewrite (streams.rs,
-    // objects_grpc.rs).
+    // objects_grpc.rs, rewrite.rs).
 
     async fn write_object(
         &self,
@@ -285,7 +285,14 @@ impl generated::storage_server::Storage for MockService {
         request: Request<proto::RewriteObjectRequest>,
     ) -> Result<Response<proto::RewriteResponse>, Status> {
         let request = request.into_inner();
-        let target = bucket_target("RewriteObject", &request.destination_bucket);
+        // A call with a token may leave the destination out.
+        let bucket = match request.destination_bucket.as_str() {
+            "" => lock(&self.state)
+                .rewrites
+                .destination_bucket(&request.rewrite_token),
+            named => Some(named.to_string()),
+        };
+        let target = bucket_target("RewriteObject", &bucket.unwrap_or_default());
         self.call(target, move |state| state.rewrite_object(request))
             .await
     }

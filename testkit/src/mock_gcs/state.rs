@@ -46,6 +46,8 @@ pub(crate) struct State {
     pub(crate) uploads: HashMap<String, Upload>,
     /// Last upload id number handed out.
     pub(crate) last_upload: u64,
+    /// Rewrites that answered with a rewrite token (`rewrite.rs`).
+    pub(crate) rewrites: super::rewrite::Rewrites,
     pub(crate) controls: Controls,
     /// Buckets' IAM policies (`iam.rs`).
     pub(crate) iam: super::iam::Policies,
@@ -205,16 +207,9 @@ impl State {
         template: proto::Object,
         content: Content,
     ) -> Result<proto::Object, Status> {
+        self.check_replaceable(id, &template.name)?;
         let bucket = self.existing_bucket(id)?;
         let versioned = bucket.versioning.is_some_and(|v| v.enabled);
-        if !versioned {
-            // Replacing deletes the live generation: refused while held or
-            // retained, as its deletion is.
-            let mut live = self.objects.get(id).into_iter().flatten();
-            if let Some(live) = live.find(|o| o.name == template.name && o.delete_time.is_none()) {
-                super::retention::check_deletable(bucket, live)?;
-            }
-        }
         let storage_class = bucket.storage_class.clone();
         let generation = self.next_generation();
         let time = now();
@@ -259,6 +254,21 @@ impl State {
         objects.sort_by(|a, b| (&a.name, a.generation).cmp(&(&b.name, b.generation)));
         self.contents.insert(generation, content);
         Ok(object)
+    }
+
+    /// PERMISSION_DENIED when a new generation of object `name` in bucket
+    /// `id` may not replace the live one: without versioning, replacing
+    /// deletes it, which is refused while it is held or retained.
+    pub(crate) fn check_replaceable(&self, id: &str, name: &str) -> Result<(), Status> {
+        let bucket = self.existing_bucket(id)?;
+        if bucket.versioning.is_some_and(|v| v.enabled) {
+            return Ok(());
+        }
+        let mut live = self.objects.get(id).into_iter().flatten();
+        match live.find(|o| o.name == name && o.delete_time.is_none()) {
+            Some(live) => super::retention::check_deletable(bucket, live),
+            None => Ok(()),
+        }
     }
 
     /// Removes every object generation of bucket `id` and its data.
