@@ -199,3 +199,22 @@ async fn holds_and_the_metadata_a_copy_carries_are_on_the_copy() {
     assert!(!plain.temporary_hold);
     assert!(w.copier().pass().await.expect("a pass").converged());
 }
+
+#[tokio::test]
+async fn a_large_object_to_another_location_is_copied_in_calls_and_verified() {
+    let w = World::new().await;
+    let data: String = (0..(5 << 19))
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    w.put(SOURCE, "big.bin", &data);
+    w.handle.reset_calls();
+    let pass = w.copier().pass().await.expect("a pass");
+    assert_eq!((pass.copied, pass.copied_bytes), (1, 5 << 19));
+    // 2.5 MiB between locations, at the mock's 1 MiB per call.
+    assert_eq!(w.handle.call_count("RewriteObject"), 3);
+    assert_eq!(
+        w.data(DESTINATION, "big.bin").as_deref(),
+        Some(data.as_str())
+    );
+    assert_eq!(w.live(SOURCE), w.live(DESTINATION));
+}

@@ -1526,12 +1526,15 @@ mod tests {
 
     const FAKE_ETCD: &str = "echo '{\"msg\":\"ready to serve client requests\"}'; exec sleep 600";
 
+    /// The budget covers starting both fakes (two shells) before the
+    /// apiserver's line is in its log: 500 ms was not always enough on a
+    /// loaded machine, and the deadline then passed first.
     #[tokio::test]
     async fn apiserver_timeout_reports_its_log_tail() {
         let Err(failure) = fake_launch(
             FAKE_ETCD,
             "echo 'fake apiserver: still warming up'; exec sleep 600",
-            Duration::from_millis(500),
+            Duration::from_secs(5),
         )
         .await
         else {
@@ -1539,7 +1542,7 @@ mod tests {
         };
         let err = format!("{:#}", failure.error);
         assert!(!failure.port_clash, "{err}");
-        assert!(err.contains("was not ready within 500ms"), "{err}");
+        assert!(err.contains("was not ready within 5s"), "{err}");
         assert!(err.contains("fake apiserver: still warming up"), "{err}");
         assert!(err.contains("kube-apiserver.log"), "{err}");
     }
