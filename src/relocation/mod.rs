@@ -4,6 +4,7 @@
 //! the switch"). The sidecar's half is `bucketmap_sidecar_core::relocation`.
 
 pub mod copy;
+pub mod driver;
 pub mod switch;
 
 #[cfg(test)]
