@@ -19,6 +19,9 @@ pub mod status;
 pub mod table;
 pub mod wire;
 
+#[cfg(test)]
+mod read_rpcs_tests;
+
 use std::sync::{Arc, LazyLock};
 
 use crate::mapping::Mapping;
