@@ -9,8 +9,12 @@
 //! application on the source, and a fence that cannot be switched within
 //! [`Limits::fenced_for`] is lifted (the source's entry opens again and the
 //! copy goes on), so writes are never held for long by a move that cannot
-//! end. A cancel before the switch deletes the partial destination. Nothing
-//! in the source is deleted before the switch is over.
+//! end. A cancel before the switch deletes the partial destination. The
+//! move is stored as committed before the destination's entry is published
+//! ([`Move::committed`]): from then on it only goes forward, so an operator
+//! that dies between the two never sends the application back to a source
+//! that has fallen behind. Nothing in the source is deleted before the
+//! switch is over.
 
 use std::time::Duration;
 
@@ -48,6 +52,11 @@ pub struct Move {
     /// No fence before this instant: a lifted fence leaves the application
     /// writing for at least as long as it held its writes.
     pub fence_after: Option<Duration>,
+    /// The destination's entry may have been published: from here on the
+    /// move only goes forward (no lift, no cancel). Stored before the
+    /// publish, so an operator that dies between the two never takes the
+    /// application back to a source that has fallen behind.
+    pub committed: bool,
 }
 
 /// What a step tells the reconciler.
@@ -102,6 +111,7 @@ impl Move {
             phase: Phase::Creating,
             passes: 0,
             fence_after: None,
+            committed: false,
         }
     }
 
@@ -150,15 +160,13 @@ impl Move {
             switch: Switch::Copying.after(Action::Fence, now),
             fenced_at: now,
         };
-        let fence_after = None;
-        Ok((
-            Move {
-                phase,
-                passes,
-                fence_after,
-            },
-            Next::Continue,
-        ))
+        let moved = Move {
+            phase,
+            passes,
+            fence_after: None,
+            ..self
+        };
+        Ok((moved, Next::Continue))
     }
 
     /// One action of the switch.
@@ -171,7 +179,15 @@ impl Move {
         fenced_at: Duration,
     ) -> Result<(Move, Next)> {
         let action = switch.next(fx.now(), timing);
-        let liftable = before_destination(switch);
+        if action == Action::PublishDestination && !self.committed {
+            // Stored first: see `committed`.
+            let committed = Move {
+                committed: true,
+                ..self
+            };
+            return Ok((committed, Next::Continue));
+        }
+        let liftable = !self.committed && before_destination(switch);
         let done = match self.act(fx, action).await {
             Ok(done) => done,
             Err(e) if liftable && fx.now() >= fenced_at + limits.fenced_for => {
@@ -270,3 +286,11 @@ fn before_destination(switch: Switch) -> bool {
 #[cfg(test)]
 #[path = "driver_tests.rs"]
 mod tests;
+
+impl Move {
+    /// Whether a cancel may still take the application back to the source
+    /// and delete the partial destination.
+    pub fn cancellable(&self) -> bool {
+        !self.committed && !matches!(self.phase, Phase::Retiring | Phase::Done)
+    }
+}

@@ -108,7 +108,13 @@ async fn run(fake: &Fake, restarts: &[usize], steps: usize) -> Move {
         if restarts.contains(&step) {
             stored = stored.restarted(fake.now(), LIMITS);
         }
-        match stored.step(fake, TIMING, LIMITS).await {
+        let published = destination_publishes(fake);
+        let result = stored.step(fake, TIMING, LIMITS).await;
+        if destination_publishes(fake) > published {
+            // The stored move said so before the publish.
+            assert!(stored.committed && !stored.cancellable(), "{stored:?}");
+        }
+        match result {
             Ok((next, Next::Done)) => return next,
             Ok((next, Next::At(t))) => {
                 stored = next;
@@ -120,6 +126,21 @@ async fn run(fake: &Fake, restarts: &[usize], steps: usize) -> Move {
         }
     }
     stored
+}
+
+fn destination_publishes(fake: &Fake) -> usize {
+    let seen = fake.seen();
+    seen.iter()
+        .filter(|s| {
+            matches!(
+                s,
+                Seen::Published {
+                    destination: true,
+                    ..
+                }
+            )
+        })
+        .count()
 }
 
 #[tokio::test]
