@@ -41,6 +41,9 @@ enum Command {
     /// Measure what the sidecars following their bucket maps live cost the
     /// API server (CPU, RSS, requests, delivery of a change) at N pods.
     BenchMapWatchers(bench::watchers::WatchersArgs),
+    /// Measure a move's copy pass on the mock GCS: many small objects and a
+    /// few large ones, against the floor of the same rewrites.
+    BenchCopy(bench::copy::CopyArgs),
     /// Create and delete hundreds of resources while operator replicas are
     /// killed, the mock GCS fails at random and the API server restarts;
     /// then check that nothing was lost, duplicated or wrongly deleted.
@@ -78,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Up(args)) => dev::run(args).await,
         Some(Command::Bench(args)) => bench::bench(args).await,
         Some(Command::BenchMapWatchers(args)) => bench::watchers::run(args).await,
+        Some(Command::BenchCopy(args)) => bench::copy::run(args).await,
         Some(Command::Chaos(args)) => chaos::chaos(args).await,
         Some(Command::Crd(args)) => crd::run(&args),
         Some(Command::GrpcSchema) => grpc_schema::run(),

@@ -31,6 +31,11 @@ use google_cloud_storage::model::Object;
 use crate::gcs::{GcsClient, GcsErrorKind, RewriteCall};
 use crate::{Error, Result};
 
+/// Tasks gathered per call in flight before they run: the listing pauses
+/// while a batch runs, and the batch's tail runs with fewer calls in flight,
+/// so batches are long.
+const BATCH_PER_FLIGHT: usize = 64;
+
 /// What one pass found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pass {
@@ -101,7 +106,7 @@ impl Copier<'_> {
             .await?
         {
             batch.push(task);
-            if batch.len() >= self.concurrency.max(1) * 8 {
+            if batch.len() >= self.concurrency.max(1) * BATCH_PER_FLIGHT {
                 self.run(std::mem::take(&mut batch), &mut pass).await?;
             }
         }

@@ -89,6 +89,7 @@ pub struct BenchArgs {
     pub operator_bin: Option<std::path::PathBuf>,
 }
 
+pub mod copy;
 mod measure;
 pub mod watchers;
 
