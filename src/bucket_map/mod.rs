@@ -59,6 +59,21 @@ pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
 /// Default number of map writes in flight at once, over all namespaces.
 pub const DEFAULT_WRITERS: usize = 2;
 
+/// The suffix of a map value whose entry a move has fenced (writes held,
+/// docs/ARCHITECTURE.md, "Moving a bucket: the switch"). The sidecar reads
+/// it as `bucketmap_sidecar_core::mapping::FENCED_SUFFIX`; a test holds the
+/// two equal.
+pub const FENCED_SUFFIX: &str = ";fenced";
+
+/// The map's value for an entry: the physical name, fenced or not.
+pub fn entry_value(physical: &str, fenced: bool) -> String {
+    if fenced {
+        format!("{physical}{FENCED_SUFFIX}")
+    } else {
+        physical.to_owned()
+    }
+}
+
 /// Settings of the map writers.
 #[derive(Clone, Debug)]
 pub struct MapSettings {
