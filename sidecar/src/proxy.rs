@@ -184,6 +184,7 @@ impl Proxy {
             host,
             upstream_path,
             credentials,
+            access,
         } = routed;
         let target = self.upstream_uri(upstream_path)?;
         let allow = self.settings.allow_physical_names;
@@ -192,6 +193,8 @@ impl Proxy {
             direction: Direction::ToPhysical,
             allow_physical: allow,
             links: &self.upstream_links,
+            access,
+            seen: None,
         };
         let local = request
             .extensions()
@@ -203,6 +206,8 @@ impl Proxy {
             direction: Direction::ToLogical,
             allow_physical: allow,
             links: &client_links,
+            access,
+            seen: None,
         };
 
         let (parts, body) = request.into_parts();

@@ -759,6 +759,55 @@ mod tests {
     }
 
     #[test]
+    fn a_write_naming_a_fenced_entry_in_a_message_is_held_and_a_read_goes_on() {
+        use crate::policy::{Access, Kind};
+        let m = Mapping::new([
+            ("photos".to_owned(), "photos-k3x9q2mw;fenced".to_owned()),
+            ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let links = sidecar_base();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let record = |name: &str| seen.lock().unwrap().push(name.to_owned());
+        let mut t = translator(&m, &links, Direction::ToPhysical);
+        t.seen = Some(crate::rewrite::Seen(&record));
+        let write = gcs::WriteObjectRequest {
+            first_message: Some(gcs::write_object_request::FirstMessage::WriteObjectSpec(
+                gcs::WriteObjectSpec {
+                    resource: Some(object(PHOTOS, "a.jpg")),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        };
+        let bytes = Bytes::from(write.encode_to_vec());
+        let held = rewrite_message(&bytes, index("WriteObjectRequest"), &t)
+            .expect_err("a write to a fenced entry went on");
+        assert_eq!(held.reason(), Some(Kind::Moving.row().error_info));
+        assert_eq!(held.code(), Code::Unavailable);
+        // The same message as a read, and a write to an open entry, go on,
+        // and tell the physical names they use.
+        t.access = Access {
+            writes: false,
+            stale: None,
+        };
+        let read = rewrite_message(&bytes, index("WriteObjectRequest"), &t);
+        assert!(matches!(read, Ok(Some(_))), "{read:?}");
+        t.access = Access::WRITE;
+        let logs = gcs::ReadObjectRequest {
+            bucket: "projects/_/buckets/logs".to_owned(),
+            object: "x".to_owned(),
+            ..Default::default()
+        };
+        let logs = Bytes::from(logs.encode_to_vec());
+        assert!(rewrite_message(&logs, index("ReadObjectRequest"), &t).is_ok());
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["photos-k3x9q2mw".to_owned(), "logs-aaaa1111".to_owned()]
+        );
+    }
+
+    #[test]
     fn compose_and_rewrite_name_every_bucket() {
         let compose = gcs::ComposeObjectRequest {
             destination: Some(object(PHOTOS, "all")),

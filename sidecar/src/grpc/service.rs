@@ -369,11 +369,15 @@ impl GrpcProxy {
             adc: self.auth.adds(),
             stale: self.mapping.staleness(),
         };
+        let stale = cx.stale;
         let add_credentials = match policy::decide(&model(&req, rpc, &deadline, &routing), &cx) {
             Decision::Forward {
                 add_credentials, ..
             } => add_credentials,
             Decision::Refuse(refusal) => return refuse(outcome, &refused(&refusal)),
+            Decision::Hold { bucket, .. } => {
+                return refuse(outcome, &refused(&policy::Refusal::moving(bucket)));
+            }
         };
         let (Some(rpc), Some(mapping), Ok(deadline)) = (rpc, mapping, deadline) else {
             // The policy forwards known methods with a map and a deadline only.
@@ -382,6 +386,10 @@ impl GrpcProxy {
         let names = Arc::new(Names {
             mapping,
             allow_physical: self.settings.allow_physical_names,
+            access: policy::Access {
+                writes: !policy::is_read_rpc(rpc.path),
+                stale,
+            },
         });
         let deadline = deadline.map(|d| tokio::time::Instant::now() + d);
         let failed = Slot::default();

@@ -47,6 +47,9 @@ pub struct Routed<B> {
     /// Headers to add upstream when the request's own `Authorization` does
     /// not reach it (set by [`super::credentials`]).
     pub credentials: Option<HeaderMap>,
+    /// Whether the request writes and the map was stale when it was
+    /// decided: names in its body meet a move's fence with it.
+    pub access: policy::Access,
 }
 
 /// Refuses what cannot be rewritten; routes the rest.
@@ -100,6 +103,10 @@ impl RefuseLayer {
             adc: false,
             stale: self.mapping.staleness(),
         };
+        let access = policy::Access {
+            writes: !policy::is_read_method(&method),
+            stale: cx.stale,
+        };
         let (style, operation) = match &routed {
             Ok(routed) => (routed.api.error_style(), routed.operation),
             Err(_) => (guess_style(path), "unrouted"),
@@ -111,6 +118,7 @@ impl RefuseLayer {
                 physical_path(routed, &physical, path, query).map_err(refuse)?
             }
             (_, Decision::Refuse(error)) => return Err(refuse(error)),
+            (_, Decision::Hold { bucket, .. }) => return Err(refuse(ApiError::moving(bucket))),
             // The policy forwards routed requests only.
             (Err(e), Decision::Forward { .. }) => {
                 return Err(refuse(ApiError::refused_request(e)));
@@ -128,6 +136,7 @@ impl RefuseLayer {
             host,
             upstream_path,
             credentials: None,
+            access,
         })
     }
 }
