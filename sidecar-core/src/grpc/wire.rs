@@ -106,6 +106,36 @@ pub fn unchanged_at_top(parts: &[&[u8]], message: usize) -> bool {
     true
 }
 
+/// Whether a request message of type `schema::MESSAGES[message]` finishes
+/// a write: a `WriteObjectRequest` or `BidiWriteObjectRequest` with
+/// `finish_write` set (the last value given wins, as protobuf reads it).
+/// GCS commits no object of a write stream before that message, so the
+/// shell cuts off a write in flight only until it has forwarded it. A
+/// message it cannot read does not finish anything.
+pub fn finishes_write(msg: &[u8], message: usize) -> bool {
+    let number = match MESSAGES.get(message).map(|m| m.name) {
+        Some("google.storage.v2.WriteObjectRequest") => 7,
+        Some("google.storage.v2.BidiWriteObjectRequest") => 9,
+        _ => return false,
+    };
+    let mut buf = msg;
+    let mut finishes = false;
+    while !buf.is_empty() {
+        let Ok((field, wire_type)) = decode_key(&mut buf) else {
+            return false;
+        };
+        if field == number && wire_type == WireType::Varint {
+            match decode_varint(&mut buf) {
+                Ok(value) => finishes = value != 0,
+                Err(_) => return false,
+            }
+        } else if skip_field(wire_type, field, &mut buf, DecodeContext::default()).is_err() {
+            return false;
+        }
+    }
+    finishes
+}
+
 /// A read position in a message held in pieces.
 struct Pieces<'a> {
     parts: &'a [&'a [u8]],
@@ -805,6 +835,46 @@ mod tests {
             *seen.lock().unwrap(),
             ["photos-k3x9q2mw".to_owned(), "logs-aaaa1111".to_owned()]
         );
+    }
+
+    #[test]
+    fn the_message_that_finishes_a_write_is_told_apart() {
+        let data = |finish_write| gcs::WriteObjectRequest {
+            write_offset: 4,
+            data: Some(gcs::write_object_request::Data::ChecksummedData(
+                gcs::ChecksummedData {
+                    content: b"data".repeat(100),
+                    crc32c: None,
+                },
+            )),
+            finish_write,
+            ..Default::default()
+        };
+        let write = index("WriteObjectRequest");
+        assert!(finishes_write(&data(true).encode_to_vec(), write));
+        assert!(!finishes_write(&data(false).encode_to_vec(), write));
+        let bidi = |finish_write, flush| gcs::BidiWriteObjectRequest {
+            write_offset: 4,
+            flush,
+            finish_write,
+            ..Default::default()
+        };
+        let bidi_index = index("BidiWriteObjectRequest");
+        assert!(finishes_write(
+            &bidi(true, false).encode_to_vec(),
+            bidi_index
+        ));
+        assert!(!finishes_write(
+            &bidi(false, true).encode_to_vec(),
+            bidi_index
+        ));
+        // Another message, or one that cannot be read, finishes nothing.
+        let read = gcs::ReadObjectRequest::default().encode_to_vec();
+        assert!(!finishes_write(&read, index("ReadObjectRequest")));
+        let mut cut = data(true).encode_to_vec();
+        cut.truncate(cut.len() - 1);
+        cut.insert(0, 0x0a);
+        assert!(!finishes_write(&cut, write));
     }
 
     #[test]
