@@ -14,9 +14,10 @@ use http::{Method, Response, StatusCode, Uri};
 
 use crate::errors::ApiError;
 use crate::multipart::{boundary, find_header, part_headers, split};
+use crate::policy::{self, Access};
+use crate::rewrite::Translator;
 use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
 use crate::rewrite::strict::check_request_json;
-use crate::rewrite::{Translator, request_bucket};
 use crate::route::{Api, RequestBody, Resource, ResponseBody, Route, replace_slots, route};
 
 /// GCS accepts at most this many parts per batch.
@@ -63,6 +64,15 @@ impl Plan {
     /// sidecar does not forward, for `bucketmap_sidecar_refused_requests_total`.
     pub fn refusals(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.entries.iter().filter_map(|e| e.refusal)
+    }
+
+    /// The refusal of a part that writes to a bucket a move has fenced, if
+    /// one does: the shell holds the whole batch and prepares it again.
+    pub fn held(&self) -> Option<&ApiError> {
+        self.entries
+            .iter()
+            .filter_map(|e| e.local.as_ref())
+            .find(|error| policy::holds(error))
     }
 }
 
@@ -135,6 +145,15 @@ fn translate_request(
         .parse()
         .map_err(|_| ApiError::bad_request(format!("bad URL in a batch part: {target:?}")))?;
     let query = uri.query();
+    // A part reads or writes as its own method says: a batch of reads of
+    // a bucket a move has fenced goes on.
+    let tr = &Translator {
+        access: Access {
+            writes: !policy::is_read_method(&method),
+            ..tr.access
+        },
+        ..*tr
+    };
     let (routed, new_path) = route_part(&method, uri.path(), query, tr)?;
 
     let (body, declared) = declared_body(&payload[head_len..], parsed.headers);
@@ -211,12 +230,11 @@ fn route_part(
             refusal: Some("unknown_operation"),
         });
     }
-    let physical: Vec<String> = routed
+    let names: Vec<&str> = routed
         .buckets
         .iter()
-        .map(|slot| request_bucket(tr.mapping, tr.allow_physical, &slot.name))
-        .collect::<Result<_, _>>()?;
-    let names: Vec<&str> = physical.iter().map(String::as_str).collect();
+        .map(|slot| Ok(tr.bucket_str(&slot.name)?.unwrap_or(&slot.name)))
+        .collect::<Result<_, ApiError>>()?;
     let new_path = replace_slots(path, &routed.buckets, &names);
     Ok((routed, new_path))
 }
@@ -738,5 +756,37 @@ mod tests {
         assert!(plan.upstream_body.is_none());
         let response = local_response(&plan);
         assert_eq!(response.status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn a_part_writing_to_a_fenced_entry_holds_the_batch_and_reads_go_on() {
+        let fenced = crate::mapping::Mapping::new([
+            ("photos".to_owned(), "photos-k3x9q2mw;fenced".to_owned()),
+            ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        // The PATCH writes to `photos`, in its path and its body.
+        let plan = python_plan(&fenced);
+        let held = plan.held().map(|e| e.kind);
+        assert_eq!(held, Some(crate::policy::Kind::Moving));
+        let up = upstream_base();
+        let tr = translator(&fenced, &up, Direction::ToPhysical);
+        let reads = "--b\r\nContent-ID: <1>\r\n\r\nGET /storage/v1/b/photos/o/x HTTP/1.1\r\n\r\n\r\n\
+            --b\r\nContent-ID: <2>\r\n\r\nDELETE /storage/v1/b/logs/o/y HTTP/1.1\r\n\r\n\r\n--b--";
+        let plan = prepare(reads.as_bytes(), "multipart/mixed; boundary=b", &tr)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(plan.held().is_none(), "{plan:?}");
+        let upstream =
+            String::from_utf8(plan.upstream_body.clone().unwrap_or_default()).unwrap_or_default();
+        assert!(
+            upstream.contains("GET /storage/v1/b/photos-k3x9q2mw/o/x HTTP/1.1"),
+            "{upstream}"
+        );
+        assert!(
+            upstream.contains("DELETE /storage/v1/b/logs-aaaa1111/o/y HTTP/1.1"),
+            "{upstream}"
+        );
+        // Nothing fenced: nothing held.
+        assert!(python_plan(&mapping()).held().is_none());
     }
 }

@@ -134,6 +134,75 @@ where
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A request body as the client sends it, or as it was read whole
+    /// before the request was held by a move's fence: the request is then
+    /// decided again and sent with the bytes read.
+    #[project = ReplayProj]
+    pub enum Replay<B> {
+        /// The client's body, read as it comes (`body`).
+        #[allow(missing_docs)]
+        Unread { #[pin] body: B },
+        /// The bytes read, until they are sent (`bytes`).
+        #[allow(missing_docs)]
+        Read { bytes: Option<Bytes> },
+    }
+}
+
+impl<B> Replay<B> {
+    /// The client's body, not read yet.
+    pub fn unread(body: B) -> Self {
+        Replay::Unread { body }
+    }
+
+    /// The bytes read of a body; `headers` (the request's) are made to
+    /// describe them: their length, and no encoding when the sidecar
+    /// decoded them (`gzipped`).
+    pub fn read(bytes: Bytes, headers: &mut http::HeaderMap, gzipped: bool) -> Self {
+        if gzipped {
+            headers.remove(http::header::CONTENT_ENCODING);
+        }
+        headers.remove(http::header::TRANSFER_ENCODING);
+        headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+        Replay::Read { bytes: Some(bytes) }
+    }
+}
+
+impl<B> Body for Replay<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project() {
+            ReplayProj::Unread { body } => body.poll_frame(cx).map_err(Into::into),
+            ReplayProj::Read { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Replay::Unread { body } => body.is_end_stream(),
+            Replay::Read { bytes } => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Replay::Unread { body } => body.size_hint(),
+            Replay::Read { bytes } => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

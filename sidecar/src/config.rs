@@ -129,6 +129,19 @@ pub struct Config {
     #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub max_map_age: Duration,
 
+    /// How long a write waits while a move of its bucket holds it (its map
+    /// entry is fenced: reads go on, writes wait until the move opens the
+    /// entry, usually on the new bucket). Past it the write is answered 503
+    /// backendNotReady (gRPC UNAVAILABLE), which clients retry.
+    #[arg(
+        long,
+        default_value = "30s",
+        value_name = "DURATION",
+        value_parser = humantime::parse_duration,
+        env = "BUCKETMAP_SIDECAR_HOLD_LIMIT"
+    )]
+    pub hold_limit: Duration,
+
     /// With --map-configmap: the API server's base URL. By default the
     /// cluster's, from KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT.
     #[arg(long, value_name = "URL", value_parser = parse_upstream)]
@@ -317,6 +330,7 @@ mod tests {
         );
         assert_eq!(cfg.mapping_poll_interval, Duration::from_secs(2));
         assert_eq!(cfg.max_metadata_bytes, 8 * 1024 * 1024);
+        assert_eq!(cfg.hold_limit, Duration::from_secs(30));
         assert!(cfg.validate().is_ok());
     }
 
@@ -426,6 +440,7 @@ mod tests {
             "--pool-idle-timeout",
             "--max-header-bytes",
             "--worker-threads",
+            "--hold-limit",
             "/_bucketmap/readyz",
             "empty mapping",
         ] {

@@ -25,7 +25,10 @@
 //!    handled — once; object names are never decoded or re-encoded, only the
 //!    bucket segments' byte ranges are replaced. The bucket names are
 //!    looked up in [`mapping`]'s map in force (an `ArcSwap` snapshot, so a
-//!    reload never disturbs a request in flight), kept current by [`watch`].
+//!    reload never disturbs a request in flight), kept current by [`watch`]
+//!    and [`live`]. A write naming an entry a move has fenced
+//!    (`<physical>;fenced`, [`relocation`]) is held here, its body unread,
+//!    until the map changes, then decided again ([`hold`], `--hold-limit`).
 //! 5. [`layers::credentials`]: Application Default Credentials ([`auth`])
 //!    for requests without their own `Authorization`.
 //! 6. The core, [`proxy::Core`]: [`rewrite`] translates structured fields
@@ -43,6 +46,14 @@
 //!
 //! [`server`]: hyper 1 (HTTP/1.1 and h2c), a tower concurrency limit in front
 //! of the stack, graceful drain on SIGTERM.
+//!
+//! A move's switch ([`relocation`], docs/ARCHITECTURE.md): writes are held
+//! while their entry is fenced — by a name in the path, `Host` or routing
+//! header before anything is read; by a name in a metadata body, a batch
+//! part or the first gRPC message with what was read — and cut off while
+//! in flight when the map fences or moves their bucket or goes stale
+//! ([`flights`]: the body fails before it is complete, so GCS commits
+//! nothing).
 //!
 //! Deny by default: the JSON API's operations come from Google's discovery
 //! document ([`discovery`]); bodies are checked strictly
@@ -70,7 +81,9 @@ pub mod auth;
 pub mod body;
 pub mod config;
 pub mod encoding;
+pub mod flights;
 pub mod grpc;
+pub mod hold;
 pub mod host;
 pub mod layers;
 pub mod live;
@@ -92,5 +105,6 @@ mod policy_tests;
 /// The rules without I/O, from `bucketmap-sidecar-core`, under the names
 /// the shell and its tests use.
 pub use bucketmap_sidecar_core::{
-    answer, batch, discovery, errors, hop_by_hop, multipart, names, policy, rewrite, route, signing,
+    answer, batch, discovery, errors, hop_by_hop, multipart, names, policy, relocation, rewrite,
+    route, signing,
 };

@@ -25,7 +25,10 @@
 //! RoleBinding exists) are logged once per kind and retried with backoff up
 //! to the relist period; the mounted volume stays in force until the first
 //! list succeeds. A map that fails to validate is never applied (the last
-//! good one stays), as for the volume.
+//! good one stays), as for the volume, and a list that brought one
+//! confirms nothing: a sidecar that cannot read the map the operator
+//! published (a newer format) goes stale within the bound and stops
+//! writing, rather than go on writing with an entry the map has left.
 //!
 //! Hand-written over `kube`'s runtime: the sidecar watches one object, and
 //! `kube`'s client and reflector (with their dependencies) would grow the
@@ -238,8 +241,11 @@ impl Follower {
             let sent = Instant::now();
             match self.list().await {
                 Ok((entries, version)) => {
-                    self.apply(entries, "list");
-                    self.store.confirm(sent);
+                    // A map refused is no confirmation of the map in force:
+                    // the API server's map has moved on from it.
+                    if self.apply(entries, "list") {
+                        self.store.confirm(sent);
+                    }
                     self.recovered();
                     if self.watch_until_end(&version).await {
                         backoff = Duration::from_millis(250);
@@ -338,9 +344,12 @@ impl Follower {
             "ADDED" | "MODIFIED" => {
                 let cm: ConfigMap = serde_json::from_value(event.object)
                     .context("a watch event holds no ConfigMap")?;
+                // Events apply changes but confirm nothing.
                 self.apply(entries(cm.data), "watch");
             }
-            "DELETED" => self.apply(Vec::new(), "watch"),
+            "DELETED" => {
+                self.apply(Vec::new(), "watch");
+            }
             "BOOKMARK" => {}
             "ERROR" => {
                 let code = event.object.get("code").and_then(serde_json::Value::as_u64);
@@ -354,16 +363,16 @@ impl Follower {
         Ok(None)
     }
 
-    /// Puts a map from the API server in force (or reports why not).
-    fn apply(&mut self, entries: Vec<(String, String)>, source: &'static str) {
-        let outcome = self.store.apply_live(entries);
-        crate::watch::report(
+    /// Puts a map from the API server in force (or reports why not);
+    /// whether it is in force.
+    fn apply(&mut self, entries: Vec<(String, String)>, source: &'static str) -> bool {
+        apply(
             &self.store,
             &self.metrics,
-            outcome,
             &mut self.last_invalid,
+            entries,
             source,
-        );
+        )
     }
 
     /// The collection path: the list, or a watch from `version`.
@@ -472,6 +481,26 @@ impl Follower {
     }
 }
 
+/// Puts a map from the API server in force, reporting what happened
+/// (`last_invalid`: the invalid map last logged); whether it is in force.
+/// A map that fails to validate (one of a newer format, a fence an older
+/// sidecar cannot read) is not: the map in force stays, and a list that
+/// brought it confirms nothing, so the sidecar goes stale and stops
+/// writing within the bound rather than writing on with an entry the
+/// operator has moved on from.
+fn apply(
+    store: &MappingStore,
+    metrics: &Metrics,
+    last_invalid: &mut Option<String>,
+    entries: Vec<(String, String)>,
+    source: &'static str,
+) -> bool {
+    let outcome = store.apply_live(entries);
+    let applied = !matches!(outcome, crate::mapping::ReloadOutcome::Failed(_));
+    crate::watch::report(store, metrics, outcome, last_invalid, source);
+    applied
+}
+
 /// A ConfigMap's data as map entries: keys starting with `.` are not
 /// entries (as in the mounted volume, where they are hidden files).
 fn entries(data: BTreeMap<String, String>) -> Vec<(String, String)> {
@@ -534,7 +563,13 @@ pub fn in_cluster_api() -> anyhow::Result<Uri> {
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use hyper::body::{Frame, Incoming};
+
     use super::*;
+    use crate::metrics::Metrics;
 
     #[test]
     fn hidden_keys_are_not_entries_and_values_are_trimmed() {
@@ -565,5 +600,96 @@ mod tests {
         assert_eq!(gone.kind, "ERROR");
         assert_eq!(gone.object.get("code").and_then(|c| c.as_u64()), Some(410));
         Ok(())
+    }
+
+    /// An API server of one ConfigMap whose `photos` entry is `value`:
+    /// lists answer it, watches stay open and silent. Counts the watches
+    /// started (each comes after a list was handled).
+    async fn api_server(value: &'static str) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let watches = Arc::new(AtomicUsize::new(0));
+        let counted = watches.clone();
+        let answer = move |req: Request<Incoming>| {
+            let body = if req.uri().query().is_some_and(|q| q.contains("watch=true")) {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let silent = futures::stream::pending::<Result<Frame<Bytes>, Infallible>>();
+                crate::body::boxed(http_body_util::StreamBody::new(silent))
+            } else {
+                let list = serde_json::json!({
+                    "kind": "ConfigMapList",
+                    "metadata": {"resourceVersion": "7"},
+                    "items": [{"metadata": {"name": "bucketmap"}, "data": {"photos": value}}]
+                });
+                crate::body::full(list.to_string())
+            };
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(body)))
+        };
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(answer.clone());
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+                );
+            }
+        });
+        (addr, watches)
+    }
+
+    /// The real follower against [`api_server`], the map in force before
+    /// it `photos-v1v1v1v1`: the store once the first list was handled.
+    async fn follow_one_list(value: &'static str) -> Arc<MappingStore> {
+        let (addr, watches) = api_server(value).await;
+        let dir = tempfile::tempdir().expect("a directory");
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .expect("a certificate");
+        std::fs::write(dir.path().join("ca.crt"), ca.cert.pem()).expect("the CA file");
+        std::fs::write(dir.path().join("token"), "t").expect("the token");
+        let cfg = LiveConfig {
+            api: format!("http://{addr}").parse().expect("a URL"),
+            namespace: "ns".to_owned(),
+            name: "bucketmap".to_owned(),
+            token_file: dir.path().join("token"),
+            ca_file: dir.path().join("ca.crt"),
+            relist: Duration::from_secs(60),
+        };
+        let store =
+            Arc::new(MappingStore::new(None, Vec::new()).following(Duration::from_secs(60)));
+        let v1 = [("photos".to_owned(), "photos-v1v1v1v1".to_owned())];
+        store.set(crate::mapping::Mapping::new(v1).expect("a map"));
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(cfg, store.clone(), Arc::new(Metrics::new()), stopped));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while watches.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the follower never watched");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(true);
+        let _ = task.await;
+        store
+    }
+
+    #[tokio::test]
+    async fn the_follower_confirms_only_with_a_list_whose_map_it_applied() {
+        let physical = |store: &MappingStore| {
+            store
+                .current()
+                .and_then(|m| m.physical("photos").map(str::to_owned))
+        };
+        // Control: a valid map (fenced) is applied and confirmed.
+        let store = follow_one_list("photos-v2v2v2v2;fenced").await;
+        assert_eq!(physical(&store).as_deref(), Some("photos-v2v2v2v2"));
+        assert_eq!(store.staleness(), None, "a valid list did not confirm");
+        // A map this sidecar cannot read is not applied, and the list
+        // confirms nothing: the map stays unconfirmed, writes refused.
+        let store = follow_one_list("photos-v2v2v2v2;sealed").await;
+        assert_eq!(physical(&store).as_deref(), Some("photos-v1v1v1v1"));
+        let stale = store
+            .staleness()
+            .expect("a refused list confirmed the old map");
+        assert!(!stale.confirmed_once);
     }
 }

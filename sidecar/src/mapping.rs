@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use tokio::sync::watch;
 
 pub use bucketmap_sidecar_core::mapping::{Mapping, MappingError};
 
@@ -66,8 +67,11 @@ pub enum ReloadOutcome {
 /// Where the mapping comes from, and the one currently in force.
 ///
 /// Readers take a snapshot with [`MappingStore::current`]; a reload swaps the
-/// snapshot atomically, so requests in flight finish with the mapping they
-/// started with.
+/// snapshot atomically, so requests in flight go on with the mapping they
+/// started with — but for writes whose body is still arriving when the new
+/// map fences or moves their bucket, which are cut off ([`crate::flights`]). [`MappingStore::changes`] tells each swap: a request held
+/// by a move's fence waits for one, and the cut-off of writes in flight
+/// looks again at every one.
 #[derive(Debug)]
 pub struct MappingStore {
     dir: Option<PathBuf>,
@@ -78,6 +82,8 @@ pub struct MappingStore {
     reload_lock: Mutex<()>,
     /// Set when the map is followed through the API server (`--map-configmap`).
     live: Option<Live>,
+    /// How many maps have been put in force: bumped after each swap.
+    swaps: watch::Sender<u64>,
 }
 
 /// The state of the map followed through the API server ([`crate::live`]).
@@ -110,7 +116,14 @@ impl MappingStore {
             last_failure: ArcSwapOption::empty(),
             reload_lock: Mutex::new(()),
             live: None,
+            swaps: watch::Sender::new(0),
         }
+    }
+
+    /// Tells each map put in force from now on (the swap happens before the
+    /// news: a receiver told of a change finds the new map in force).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.swaps.subscribe()
     }
 
     /// The store of a sidecar that follows its map through the API server,
@@ -280,13 +293,19 @@ impl MappingStore {
             return ReloadOutcome::Unchanged;
         }
         let entries = mapping.len();
-        self.current.store(Some(Arc::new(mapping)));
+        self.put(mapping);
         ReloadOutcome::Updated { entries }
+    }
+
+    /// Puts `mapping` in force and tells [`MappingStore::changes`].
+    fn put(&self, mapping: Mapping) {
+        self.current.store(Some(Arc::new(mapping)));
+        self.swaps.send_modify(|swaps| *swaps += 1);
     }
 
     /// Installs a mapping directly (tests).
     pub fn set(&self, mapping: Mapping) {
-        self.current.store(Some(Arc::new(mapping)));
+        self.put(mapping);
     }
 }
 

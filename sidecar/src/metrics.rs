@@ -48,6 +48,15 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// Labels of `held_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HoldLabels {
+    /// How the hold ended: `forwarded` (decided again and forwarded),
+    /// `timed_out` (refused when the hold limit passed), `refused` (decided
+    /// again and refused: the map went stale, the name left the map).
+    pub outcome: &'static str,
+}
+
 /// Labels of `grpc_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GrpcLabels {
@@ -81,6 +90,10 @@ pub struct Metrics {
     pub map_age: Gauge<f64, AtomicU64>,
     /// Failed lists and watches of the map through the API server.
     pub map_follow_failures: Counter,
+    /// Requests held by a move's fence, by how the hold ended.
+    pub held_requests: Family<HoldLabels, Counter>,
+    /// Writes in flight cut off by a move's fence or a stale map.
+    pub cut_off_writes: Counter,
     /// The two series of `bytes`, looked up once.
     from_client: Counter,
     to_client: Counter,
@@ -131,6 +144,8 @@ impl Metrics {
             in_flight: Gauge::default(),
             map_age: Gauge::default(),
             map_follow_failures: Counter::default(),
+            held_requests: Family::default(),
+            cut_off_writes: Counter::default(),
             from_client,
             to_client,
             series: Mutex::default(),
@@ -192,6 +207,29 @@ impl Metrics {
             "Lists and watches of the bucket map through the API server that failed",
             self.map_follow_failures.clone(),
         );
+        self.register_moves();
+    }
+
+    /// Registers what a move of a bucket does to requests.
+    fn register_moves(&mut self) {
+        let r = &mut self.registry;
+        r.register(
+            "held_requests",
+            "Requests held while a move switched their bucket, by how the hold ended",
+            self.held_requests.clone(),
+        );
+        r.register(
+            "cut_off_writes",
+            "Writes cut off before their body was complete: their bucket's entry was fenced or moved, or the map went stale",
+            self.cut_off_writes.clone(),
+        );
+    }
+
+    /// Counts a hold that ended with `outcome` ([`HoldLabels`]).
+    pub fn count_hold(&self, outcome: &'static str) {
+        self.held_requests
+            .get_or_create(&HoldLabels { outcome })
+            .inc();
     }
 
     /// Counts a failed list or watch of the map through the API server.

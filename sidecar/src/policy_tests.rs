@@ -1,9 +1,9 @@
 //! One policy, two protocols: equivalent HTTP and gRPC requests (the same
 //! operation, the same bucket names, credentials present or not, a map
-//! loaded or not) translated by each front end into the policy's model
-//! reach the same decision — forwarded with the same physical names and the
-//! same credentials rule, or refused with the same HTTP status, GCS reason
-//! and gRPC code.
+//! loaded or not, fresh or stale, an entry fenced by a move) translated by
+//! each front end into the policy's model reach the same decision —
+//! forwarded with the same physical names and the same credentials rule,
+//! held, or refused with the same HTTP status, GCS reason and gRPC code.
 
 use std::collections::BTreeMap;
 
@@ -69,8 +69,19 @@ const STALE: policy::Staleness = policy::Staleness {
     confirmed_once: true,
 };
 
-/// Logical, physical, and unknown names.
-const NAMES: [&str; 4] = ["photos", "photos-k3x9q2mw", "music", "logs"];
+/// Logical, physical, and unknown names; `logs` is fenced by a move.
+const NAMES: [&str; 5] = [
+    "photos",
+    "photos-k3x9q2mw",
+    "music",
+    "logs",
+    "logs-aaaa1111",
+];
+
+/// Whether a name names the entry a move has fenced.
+fn fenced(name: &str) -> bool {
+    name.starts_with("logs")
+}
 
 /// One generated pair of equivalent requests and the sidecar's state.
 #[derive(Clone, Debug)]
@@ -120,6 +131,9 @@ enum Seen {
         physical: Vec<String>,
         add_credentials: bool,
     },
+    Hold {
+        bucket: String,
+    },
     Refuse {
         http: u16,
         reason: &'static str,
@@ -139,6 +153,9 @@ fn seen(decision: Decision<'_>) -> Seen {
             physical: physical.iter().map(|s| (*s).to_owned()).collect(),
             add_credentials,
         },
+        Decision::Hold { bucket, .. } => Seen::Hold {
+            bucket: bucket.to_owned(),
+        },
         Decision::Refuse(refusal) => Seen::Refuse {
             http: refusal.status.as_u16(),
             stale: refusal.kind == policy::Kind::StaleMap,
@@ -154,6 +171,7 @@ fn label(seen: &Seen) -> String {
         Seen::Forward {
             add_credentials, ..
         } => format!("forward, credentials added: {add_credentials}"),
+        Seen::Hold { .. } => "hold".to_owned(),
         Seen::Refuse { grpc, stale, .. } => {
             format!("refuse {grpc}{}", if *stale { " (stale map)" } else { "" })
         }
@@ -226,6 +244,33 @@ fn grpc_decision(case: &Case, names: &[&str], cx: &policy::Context<'_>) -> Seen 
     ))
 }
 
+/// The rules of a map's age and of a move's fence, whichever the protocol:
+/// no write with a stale map is forwarded, nor any request naming a fenced
+/// entry but a read with a fresh map; only writes naming one are held.
+fn safe(case: &Case, seen: &Seen, names: &[&str]) -> Result<(), TestCaseError> {
+    let writes = OPERATIONS[case.operation].method != Method::GET;
+    let forwarded = matches!(seen, Seen::Forward { .. });
+    if case.stale && writes {
+        prop_assert!(
+            !forwarded,
+            "a write with a stale map was forwarded: {:?}",
+            case
+        );
+    }
+    let names_fence = names.iter().any(|name| fenced(name));
+    if names_fence && (writes || case.stale) {
+        prop_assert!(
+            !forwarded,
+            "a write, or a request with a stale map, naming a fenced entry was forwarded: {:?}",
+            case
+        );
+    }
+    if matches!(seen, Seen::Hold { .. }) {
+        prop_assert!(names_fence && writes && !case.stale, "held: {:?}", case);
+    }
+    Ok(())
+}
+
 /// Equivalent HTTP and gRPC requests reach the same decision; every kind
 /// of outcome is reached (a policy or a front end that refused everything
 /// would otherwise pass).
@@ -233,7 +278,7 @@ fn grpc_decision(case: &Case, names: &[&str], cx: &policy::Context<'_>) -> Seen 
 fn equivalent_http_and_grpc_requests_reach_the_same_decision() {
     let mapping = Mapping::new([
         ("photos".to_owned(), "photos-k3x9q2mw".to_owned()),
-        ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        ("logs".to_owned(), "logs-aaaa1111;fenced".to_owned()),
     ])
     .unwrap_or_else(|e| panic!("{e}"));
     let outcomes = std::sync::Mutex::new(BTreeMap::<String, u32>::new());
@@ -255,14 +300,7 @@ fn equivalent_http_and_grpc_requests_reach_the_same_decision() {
         let grpc = grpc_decision(&case, &names[..count], &cx);
         prop_assert_eq!(&http, &grpc, "{:?}", case);
         let label = label(&http);
-        let writes = OPERATIONS[case.operation].method != Method::GET;
-        if case.stale && writes {
-            prop_assert!(
-                !matches!(http, Seen::Forward { .. }),
-                "a write with a stale map was forwarded: {:?}",
-                case
-            );
-        }
+        safe(&case, &http, &names[..count])?;
         if let Ok(mut outcomes) = outcomes.lock() {
             *outcomes.entry(label).or_default() += 1;
         }
@@ -275,6 +313,7 @@ fn equivalent_http_and_grpc_requests_reach_the_same_decision() {
     let want = [
         "forward, credentials added: false",
         "forward, credentials added: true",
+        "hold",
         "refuse INVALID_ARGUMENT",
         "refuse NOT_FOUND",
         "refuse PERMISSION_DENIED",

@@ -18,15 +18,22 @@ use hyper::body::Incoming;
 use tower::{Layer as _, Service};
 
 use crate::batch;
-use crate::body::{BoxError, CollectError, Counted, ProxyBody, boxed, collect_capped, empty, full};
+use crate::body::{
+    BoxError, CollectError, Counted, ProxyBody, Replay, boxed, collect_capped, empty, full,
+};
 use crate::config::UpstreamHttp;
 use crate::encoding::{Encoding, Gunzip, GunzipError, content_encoding, gunzip};
 use crate::errors::ApiError;
-use crate::layers::refuse::{METHOD_OVERRIDE_HEADER, Routed};
+use crate::flights::{Buckets, Flight, Flights, Guarded};
+use crate::hold::{Ended, Hold};
+use crate::layers::refuse::{
+    Held, METHOD_OVERRIDE_HEADER, Refusal as RefuseRefusal, RefuseLayer, Routed, Stop,
+};
 use crate::layers::timeout::{TimeoutFuture, UpstreamError, UpstreamTimeout, UpstreamTimeoutLayer};
 use crate::layers::{Answer, BoxFuture, rejection};
-use crate::mapping::MappingStore;
+use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::Metrics;
+use crate::policy;
 use crate::rewrite::json::{JsonBody, rewrite_json_body, rewrite_json_bytes};
 use crate::rewrite::strict::check_request_json;
 use crate::rewrite::text::replace_bucket_tokens;
@@ -54,6 +61,8 @@ pub struct ProxySettings {
     pub advertise_url: Option<Uri>,
     /// HTTP version spoken to the upstream (`--upstream-http`).
     pub upstream_http: UpstreamHttp,
+    /// How long a write a move's fence holds waits (`--hold-limit`).
+    pub hold_limit: Duration,
 }
 
 /// The local address of the connection a request arrived on, put in the
@@ -82,6 +91,10 @@ pub struct Proxy {
     advertised_links: Option<LinkBase>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: ProxySettings,
+    /// The refuse layer, which decides a held request again.
+    pub(crate) refuse: RefuseLayer,
+    /// Writes in flight, cut off when a move fences their bucket.
+    flights: Arc<Flights>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -142,7 +155,17 @@ impl Proxy {
             authority: Arc::from(url.authority().map_or("", |a| a.as_str())),
             virtual_host: None,
         });
+        let refuse = RefuseLayer::new(
+            mapping.clone(),
+            metrics.clone(),
+            settings.listen,
+            settings.allow_physical_names,
+            settings.hold_limit,
+        );
+        let flights = Flights::new(mapping.clone(), metrics.clone());
         Ok(Self {
+            refuse,
+            flights,
             mapping,
             upstream,
             upstream_scheme,
@@ -156,8 +179,18 @@ impl Proxy {
         })
     }
 
+    /// The proxy with the flights `flights` (the process's one registry,
+    /// which its sweeper looks at) in place of its own.
+    #[must_use]
+    pub fn with_flights(mut self, flights: Arc<Flights>) -> Self {
+        self.flights = flights;
+        self
+    }
+
     /// Rewrites, forwards and rewrites back one routed request; never fails
-    /// (errors become GCS-style answers, labelled for the record layer).
+    /// (errors become GCS-style answers, labelled for the record layer). A
+    /// request held by a name in its headers or body is decided again when
+    /// the map changes, with its body as far as it was read.
     async fn forward<B>(&self, routed: Routed<B>) -> Answer
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
@@ -165,13 +198,67 @@ impl Proxy {
     {
         let operation = routed.route.operation;
         let style = routed.route.api.error_style();
-        match self.rewrite_and_send(routed).await {
-            Ok(response) => Answer::new(response, operation),
-            Err(error) => rejection(error, style, operation),
+        let mut routed = routed.map_body(Replay::unread);
+        let mut hold = None;
+        loop {
+            let held = match self.rewrite_and_send(routed).await {
+                Ok(response) => {
+                    self.hold_ended(hold.is_some(), Ended::Forwarded);
+                    return Answer::new(response, operation);
+                }
+                Err(Failure::Refused(error)) => {
+                    self.hold_ended(hold.is_some(), Ended::Refused);
+                    return rejection(error, style, operation);
+                }
+                Err(Failure::Held(held)) => *held,
+            };
+            let hold = *hold.get_or_insert_with(|| self.refuse.holds().start());
+            routed = match self.decide_again(held.0, held.1, hold).await {
+                Ok(routed) => routed,
+                Err(answer) => return answer,
+            };
         }
     }
 
-    async fn rewrite_and_send<B>(&self, routed: Routed<B>) -> Result<Response<ProxyBody>, ApiError>
+    /// Counts the end of a hold, if there was one.
+    fn hold_ended(&self, held: bool, how: Ended) {
+        if held {
+            self.refuse.holds().ended(how);
+        }
+    }
+
+    /// Waits for the map to change and decides `held` again, until it goes
+    /// on, is refused, or `hold` ends. The credentials layer's headers, if
+    /// it added any, go with the request again.
+    async fn decide_again<B>(
+        &self,
+        mut held: Held<Replay<B>>,
+        credentials: Option<HeaderMap>,
+        hold: Hold,
+    ) -> Result<Routed<Replay<B>>, Answer> {
+        loop {
+            if !self.refuse.holds().wait(&hold, held.mapping.as_ref()).await {
+                self.refuse.holds().ended(Ended::TimedOut);
+                return Err(held.refusal.answer());
+            }
+            match self.refuse.check(held.request) {
+                Ok(mut routed) => {
+                    routed.credentials = credentials;
+                    return Ok(routed);
+                }
+                Err(Stop::Refused(refused)) => {
+                    self.refuse.holds().ended(Ended::Refused);
+                    return Err(refused.answer());
+                }
+                Err(Stop::Held(again)) => held = *again,
+            }
+        }
+    }
+
+    async fn rewrite_and_send<B>(
+        &self,
+        routed: Routed<Replay<B>>,
+    ) -> Result<Response<ProxyBody>, Failure<B>>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
@@ -184,45 +271,128 @@ impl Proxy {
             host,
             upstream_path,
             credentials,
+            access,
         } = routed;
         let target = self.upstream_uri(upstream_path)?;
-        let allow = self.settings.allow_physical_names;
-        let to_physical = Translator {
-            mapping: &mapping,
-            direction: Direction::ToPhysical,
-            allow_physical: allow,
-            links: &self.upstream_links,
-        };
+        let to_physical = self.translator(&mapping, &self.upstream_links, access);
         let local = request
             .extensions()
             .get::<ConnectionLocalAddr>()
             .map(|a| a.0);
         let client_links = self.client_links(&host, routed.virtual_host.clone(), local);
         let to_logical = Translator {
-            mapping: &mapping,
             direction: Direction::ToLogical,
-            allow_physical: allow,
-            links: &client_links,
+            ..self.translator(&mapping, &client_links, access)
         };
 
-        let (parts, body) = request.into_parts();
-        let mut headers = upstream_headers(&parts.headers, &routed, &to_physical, credentials)?;
-        let (upstream_body, batch_plan) = match self
-            .upstream_body(&parts.headers, &mut headers, body, &routed, &to_physical)
-            .await?
-        {
+        let (mut parts, body) = request.into_parts();
+        let (headers, outgoing) = self
+            .outgoing(
+                &parts.headers,
+                body,
+                &routed,
+                &to_physical,
+                credentials.as_ref(),
+            )
+            .await?;
+        let (upstream_body, batch_plan) = match outgoing {
             Outgoing::Body(body) => (body, None),
             Outgoing::Batch(body, plan) => (body, Some(plan)),
             Outgoing::Answered(response) => return Ok(response),
+            Outgoing::HeldRead {
+                bytes,
+                gzipped,
+                refusal,
+            } => {
+                let body = Replay::read(bytes, &mut parts.headers, gzipped);
+                let held = (Request::from_parts(parts, body), refusal);
+                return Err(held_failure(held, &routed, mapping, credentials));
+            }
+            Outgoing::HeldUnread(body, refusal) => {
+                let held = (Request::from_parts(parts, body), refusal);
+                return Err(held_failure(held, &routed, mapping, credentials));
+            }
         };
-
+        // Links in responses point back at the sidecar.
+        let (upstream_body, flight) = self.guard(upstream_body, &routed, &mapping, access);
         let mut upstream_req = Request::new(upstream_body);
         *upstream_req.method_mut() = method.clone();
         *upstream_req.uri_mut() = target;
         *upstream_req.headers_mut() = headers;
-        let response = self.send(upstream_req, routed.operation).await?;
-        self.translate_response(response, &routed, &method, &to_logical, batch_plan.as_ref())
-            .await
+        let response = self.send(upstream_req, routed.operation, flight).await?;
+        Ok(self
+            .translate_response(response, &routed, &method, &to_logical, batch_plan.as_ref())
+            .await?)
+    }
+
+    /// A translator of request names with `mapping`, links to `links`.
+    fn translator<'t>(
+        &self,
+        mapping: &'t Mapping,
+        links: &'t LinkBase,
+        access: policy::Access,
+    ) -> Translator<'t> {
+        Translator {
+            mapping,
+            direction: Direction::ToPhysical,
+            allow_physical: self.settings.allow_physical_names,
+            links,
+            access,
+            seen: None,
+        }
+    }
+
+    /// A write's body registered among the flights, under the physical
+    /// names of its path and `Host`, so that it is cut off if a move fences
+    /// one of them before the body is complete; with the flight. Reads, and
+    /// writes that name no bucket there (batches), go as they are.
+    fn guard(
+        &self,
+        body: ProxyBody,
+        routed: &Route,
+        mapping: &Mapping,
+        access: policy::Access,
+    ) -> (ProxyBody, Option<Arc<Flight>>) {
+        if !access.writes {
+            return (body, None);
+        }
+        let sent_to: Buckets = routed
+            .bucket_names()
+            .filter_map(|name| mapping.shared_physical(name))
+            .collect();
+        if sent_to.is_empty() {
+            return (body, None);
+        }
+        let ticket = self.flights.register(sent_to);
+        let flight = ticket.flight().clone();
+        (boxed(Guarded::new(body, ticket)), Some(flight))
+    }
+
+    /// The upstream headers and body, or why the request does not go.
+    async fn outgoing<B>(
+        &self,
+        incoming: &HeaderMap,
+        body: B,
+        routed: &Route,
+        to_physical: &Translator<'_>,
+        credentials: Option<&HeaderMap>,
+    ) -> Result<(HeaderMap, Outgoing<B>), ApiError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let mut headers = match upstream_headers(incoming, routed, to_physical, credentials) {
+            Ok(headers) => headers,
+            // A copy source naming a fenced entry: nothing read yet.
+            Err(error) if policy::holds(&error) => {
+                return Ok((HeaderMap::new(), Outgoing::HeldUnread(body, error)));
+            }
+            Err(error) => return Err(error),
+        };
+        let outgoing = self
+            .upstream_body(incoming, &mut headers, body, routed, to_physical)
+            .await?;
+        Ok((headers, outgoing))
     }
 
     /// Where absolute links in responses point: `--advertise-url` when set;
@@ -283,7 +453,7 @@ impl Proxy {
         body: B,
         routed: &Route,
         to_physical: &Translator<'_>,
-    ) -> Result<Outgoing, ApiError>
+    ) -> Result<Outgoing<B>, ApiError>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
@@ -313,18 +483,24 @@ impl Proxy {
             RequestBody::Json(hint) => {
                 let bytes = self.read_metadata(&req, body).await?;
                 check_request_json(&bytes, routed.request_kind)?;
-                let new = rewrite_json_bytes(&bytes, hint, to_physical)?;
-                Outgoing::Body(replaced_body(headers, bytes, new))
+                let new = rewrite_json_bytes(&bytes, hint, to_physical);
+                held_or(bytes, req.gzipped, new, |bytes, new| {
+                    Outgoing::Body(replaced_body(headers, bytes, new))
+                })?
             }
             RequestBody::Xml => {
                 let bytes = self.read_metadata(&req, body).await?;
                 // Fail closed: what the rewriter cannot read is not forwarded.
-                let new = rewrite_xml(&bytes, to_physical)?.ok_or_else(|| {
-                    ApiError::bad_request(
-                        "bucketmap-sidecar refuses this XML request body: it is not well-formed XML",
-                    )
-                })?;
-                Outgoing::Body(replaced_body(headers, bytes, Some(new)))
+                let new = rewrite_xml(&bytes, to_physical).and_then(|new| {
+                    new.ok_or_else(|| {
+                        ApiError::bad_request(
+                            "bucketmap-sidecar refuses this XML request body: it is not well-formed XML",
+                        )
+                    })
+                });
+                held_or(bytes, req.gzipped, new, |bytes, new| {
+                    Outgoing::Body(replaced_body(headers, bytes, Some(new)))
+                })?
             }
             RequestBody::Multipart(hint) => self.multipart_body(&req, headers, body, hint).await?,
             RequestBody::Batch => self.batch_body(&req, headers, body).await?,
@@ -338,7 +514,7 @@ impl Proxy {
         req: &BodyRequest<'_, '_>,
         headers: &mut HeaderMap,
         body: B,
-    ) -> Result<Outgoing, ApiError>
+    ) -> Result<Outgoing<B>, ApiError>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
@@ -367,7 +543,7 @@ impl Proxy {
         headers: &mut HeaderMap,
         body: B,
         hint: Resource,
-    ) -> Result<Outgoing, ApiError>
+    ) -> Result<Outgoing<B>, ApiError>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
@@ -404,13 +580,22 @@ impl Proxy {
         req: &BodyRequest<'_, '_>,
         headers: &mut HeaderMap,
         body: B,
-    ) -> Result<Outgoing, ApiError>
+    ) -> Result<Outgoing<B>, ApiError>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
         let bytes = self.read_metadata(req, body).await?;
         let plan = batch::prepare(&bytes, req.content_type, req.to_physical)?;
+        if let Some(refusal) = plan.held() {
+            // A part writes to a bucket a move has fenced: the whole batch
+            // waits, and is prepared again with the next map.
+            return Ok(Outgoing::HeldRead {
+                refusal: refusal.clone(),
+                bytes,
+                gzipped: req.gzipped,
+            });
+        }
         for reason in plan.refusals() {
             self.metrics.refused(reason);
         }
@@ -425,11 +610,13 @@ impl Proxy {
     }
 
     /// Sends upstream (under the upstream timeout), timing the wait for
-    /// response headers.
+    /// response headers; a write's `flight` tells a failure that was its
+    /// cut-off.
     async fn send(
         &self,
         request: Request<ProxyBody>,
         operation: &'static str,
+        flight: Option<Arc<Flight>>,
     ) -> Result<Response<Incoming>, ApiError> {
         let sent = Instant::now();
         let result = self.call_upstream(request).await;
@@ -437,7 +624,11 @@ impl Proxy {
             self.metrics
                 .observe_upstream(operation, sent.elapsed().as_secs_f64());
         }
-        result.map_err(|e| e.into_api_error(operation))
+        result.map_err(|e| match flight.is_some_and(|f| f.is_cut()) {
+            // A write cut off: its body failed, so the upstream call did.
+            true => ApiError::cut_off(),
+            false => e.into_api_error(operation),
+        })
     }
 
     /// One call of the upstream client through the upstream timeout. The
@@ -560,7 +751,7 @@ fn upstream_headers(
     incoming: &HeaderMap,
     routed: &Route,
     to_physical: &Translator<'_>,
-    credentials: Option<HeaderMap>,
+    credentials: Option<&HeaderMap>,
 ) -> Result<HeaderMap, ApiError> {
     let mut headers = forwarded_headers(incoming);
     for name in &COPY_SOURCE_HEADERS {
@@ -581,7 +772,7 @@ fn upstream_headers(
     if let Some(credentials) = credentials
         && !headers.contains_key(header::AUTHORIZATION)
     {
-        for (name, value) in &credentials {
+        for (name, value) in credentials {
             if !headers.contains_key(name) {
                 headers.insert(name.clone(), value.clone());
             }
@@ -611,11 +802,73 @@ struct BodyRequest<'a, 't> {
 }
 
 /// The request body after translation.
-enum Outgoing {
+enum Outgoing<B> {
     Body(ProxyBody),
     Batch(ProxyBody, batch::Plan),
     /// Nothing to send: the sidecar answers itself.
     Answered(Response<ProxyBody>),
+    /// A name in the body names an entry a move has fenced: the body read
+    /// whole (decoded when `gzipped`), to decide the request again.
+    HeldRead {
+        bytes: Bytes,
+        gzipped: bool,
+        refusal: ApiError,
+    },
+    /// A name in the headers does: the body, not read.
+    HeldUnread(B, ApiError),
+}
+
+/// The body to send made by `send` from the body read (`bytes`) and its
+/// translation, or the body held when a name in it names an entry a move
+/// has fenced.
+fn held_or<B, T>(
+    bytes: Bytes,
+    gzipped: bool,
+    translated: Result<T, ApiError>,
+    send: impl FnOnce(Bytes, T) -> Outgoing<B>,
+) -> Result<Outgoing<B>, ApiError> {
+    match translated {
+        Ok(new) => Ok(send(bytes, new)),
+        Err(refusal) if policy::holds(&refusal) => Ok(Outgoing::HeldRead {
+            bytes,
+            gzipped,
+            refusal,
+        }),
+        Err(error) => Err(error),
+    }
+}
+
+/// Why a request was not sent upstream.
+enum Failure<B> {
+    /// Answered with this error.
+    Refused(ApiError),
+    /// Held by a name in its headers or body: the request, its body as far
+    /// as it was read, to decide again; and the credentials layer's headers.
+    Held(Box<(Held<Replay<B>>, Option<HeaderMap>)>),
+}
+
+impl<B> From<ApiError> for Failure<B> {
+    fn from(error: ApiError) -> Self {
+        Failure::Refused(error)
+    }
+}
+
+/// The failure of a request held (`held`: the request rebuilt and why) by
+/// a name in its headers or body, decided with `mapping`.
+fn held_failure<B>(
+    held: (Request<Replay<B>>, ApiError),
+    routed: &Route,
+    mapping: Arc<Mapping>,
+    credentials: Option<HeaderMap>,
+) -> Failure<B> {
+    let (request, refusal) = held;
+    let refusal = RefuseRefusal::new(refusal, routed.api.error_style(), routed.operation);
+    let held = Held {
+        request,
+        mapping: Some(mapping),
+        refusal,
+    };
+    Failure::Held(Box::new((held, credentials)))
 }
 
 /// Whether (and how) a response body must be rewritten. Object data (media

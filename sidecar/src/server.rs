@@ -19,12 +19,12 @@ use tower::{Service, ServiceBuilder, ServiceExt as _};
 use crate::auth::Auth;
 use crate::body::ProxyBody;
 use crate::config::Config;
+use crate::flights::Flights;
 use crate::grpc::layer::GrpcLayer;
 use crate::grpc::service::{GrpcProxy, GrpcSettings, build_grpc_client};
 use crate::layers::admin::{Admin, AdminLayer};
 use crate::layers::credentials::CredentialsLayer;
 use crate::layers::record::RecordLayer;
-use crate::layers::refuse::RefuseLayer;
 use crate::mapping::MappingStore;
 use crate::metrics::Metrics;
 use crate::proxy::{ConnectionLocalAddr, Core, Proxy, ProxySettings};
@@ -81,15 +81,11 @@ pub fn proxy_stack(
     let metrics = proxy.metrics.clone();
     let mapping = proxy.mapping.clone();
     let listen = proxy.settings.listen;
-    let allow_physical = proxy.settings.allow_physical_names;
     ServiceBuilder::new()
         .layer(RecordLayer::new(metrics.clone()))
-        .layer(AdminLayer::new(
-            Admin::new(metrics.clone(), mapping.clone()),
-            listen,
-        ))
+        .layer(AdminLayer::new(Admin::new(metrics, mapping), listen))
         .layer(GrpcLayer::new(grpc))
-        .layer(RefuseLayer::new(mapping, metrics, listen, allow_physical))
+        .layer(proxy.refuse.clone())
         .layer(CredentialsLayer::new(auth))
         .service(Core(proxy))
 }
@@ -191,6 +187,7 @@ fn build_proxy(
     config: &Config,
     store: &Arc<MappingStore>,
     metrics: &Arc<Metrics>,
+    flights: &Arc<Flights>,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<Arc<Proxy>> {
     let client = build_client(
@@ -207,14 +204,18 @@ fn build_proxy(
         listen: config.listen,
         advertise_url: config.advertise_url.clone(),
         upstream_http: config.upstream_http,
+        hold_limit: config.hold_limit,
     };
-    Ok(Arc::new(Proxy::new(
-        store.clone(),
-        client,
-        &config.upstream,
-        metrics.clone(),
-        settings,
-    )?))
+    Ok(Arc::new(
+        Proxy::new(
+            store.clone(),
+            client,
+            &config.upstream,
+            metrics.clone(),
+            settings,
+        )?
+        .with_flights(flights.clone()),
+    ))
 }
 
 /// The gRPC path of the process.
@@ -222,6 +223,7 @@ pub fn build_grpc_proxy(
     config: &Config,
     store: &Arc<MappingStore>,
     metrics: &Arc<Metrics>,
+    flights: &Arc<Flights>,
     auth: &Auth,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<Arc<GrpcProxy>> {
@@ -229,14 +231,18 @@ pub fn build_grpc_proxy(
         upstream: config.grpc_upstream.clone(),
         allow_physical_names: config.allow_physical_names,
         max_message_bytes: config.grpc_max_message_bytes,
+        hold_limit: config.hold_limit,
     };
-    Ok(Arc::new(GrpcProxy::new(
-        build_grpc_client(&config.grpc_upstream, config.connect_timeout, tls)?,
-        settings,
-        store.clone(),
-        metrics.clone(),
-        Arc::new(auth.clone()),
-    )))
+    Ok(Arc::new(
+        GrpcProxy::new(
+            build_grpc_client(&config.grpc_upstream, config.connect_timeout, tls)?,
+            settings,
+            store.clone(),
+            metrics.clone(),
+            Arc::new(auth.clone()),
+        )
+        .with_flights(flights.clone()),
+    ))
 }
 
 /// The connection-level limits from the configuration.
@@ -322,8 +328,9 @@ pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow
     };
     // Both upstream clients trust the same roots (read once).
     let tls = crate::tls::client_config(config.upstream_ca_file.as_deref())?;
-    let proxy = build_proxy(&config, &store, &metrics, tls.clone())?;
-    let grpc = build_grpc_proxy(&config, &store, &metrics, &auth, tls)?;
+    let flights = Flights::new(store.clone(), metrics.clone());
+    let proxy = build_proxy(&config, &store, &metrics, &flights, tls.clone())?;
+    let grpc = build_grpc_proxy(&config, &store, &metrics, &flights, &auth, tls)?;
     let server_settings = server_settings(&config);
 
     let (listener, metrics_listener) = bind(&config).await?;
@@ -337,7 +344,9 @@ pub async fn run_until(config: Config, stop: impl Future<Output = ()>) -> anyhow
     );
 
     let (stop_tx, stopped) = watch::channel(false);
-    let sources = follow_map(&config, live, &store, &metrics, &stopped, last_error);
+    let mut sources = follow_map(&config, live, &store, &metrics, &stopped, last_error);
+    // Writes in flight cut off when the map fences their bucket.
+    sources.push(tokio::spawn(crate::flights::run(flights, stopped.clone())));
     let metrics_server = metrics_listener.map(|listener| {
         tokio::spawn(serve(
             listener,

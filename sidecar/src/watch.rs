@@ -52,9 +52,9 @@ pub fn report(
             let names: Vec<String> = mapping
                 .as_deref()
                 .map(|m| {
-                    m.entries()
+                    m.values()
                         .into_iter()
-                        .map(|(l, p)| format!("{l}={p}"))
+                        .map(|(l, v)| format!("{l}={v}"))
                         .collect()
                 })
                 .unwrap_or_default();

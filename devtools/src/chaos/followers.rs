@@ -109,9 +109,9 @@ impl Followers {
             let held: BTreeMap<String, String> = store
                 .current()
                 .map(|m| {
-                    m.entries()
+                    m.values()
                         .into_iter()
-                        .map(|(l, p)| (l.to_owned(), p.to_owned()))
+                        .map(|(l, v)| (l.to_owned(), v))
                         .collect()
                 })
                 .unwrap_or_default();

@@ -5,6 +5,7 @@
 use bucketmap_sidecar_core::grpc::schema::MESSAGES;
 use bucketmap_sidecar_core::grpc::wire::{rewrite_message, rewrite_status_details};
 use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::policy::Access;
 use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
@@ -15,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let Ok(mapping) = Mapping::new([
         ("photos".to_owned(), "photos-k3x9q2mw".to_owned()),
-        ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        // A move fences `logs`: its writes are held.
+        ("logs".to_owned(), "logs-aaaa1111;fenced".to_owned()),
     ]) else {
         return;
     };
@@ -32,6 +34,8 @@ fuzz_target!(|data: &[u8]| {
             direction,
             allow_physical: selector & 1 != 0,
             links: &links,
+            access: Access::WRITE,
+            seen: None,
         };
         if let Ok(Some(out)) = rewrite_message(&body, message, &tr) {
             // A rewritten message is well formed: walking it again cannot panic.

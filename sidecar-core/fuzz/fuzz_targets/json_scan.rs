@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::policy::Access;
 use bucketmap_sidecar_core::rewrite::json::{JsonBody, rewrite_json_body};
 use bucketmap_sidecar_core::rewrite::strict::is_no_document;
 use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator};
@@ -30,6 +31,8 @@ fuzz_target!(|body: &[u8]| {
         direction: Direction::ToLogical,
         allow_physical: false,
         links: &links,
+        access: Access::WRITE,
+        seen: None,
     };
     let Ok(rewritten) = rewrite_json_body(body, Resource::Generic, &tr) else {
         return;

@@ -5,6 +5,7 @@
 use bucketmap_sidecar_core::batch;
 use bucketmap_sidecar_core::mapping::Mapping;
 use bucketmap_sidecar_core::multipart;
+use bucketmap_sidecar_core::policy::Access;
 use bucketmap_sidecar_core::rewrite::json::rewrite_json_bytes;
 use bucketmap_sidecar_core::rewrite::xml::rewrite_xml;
 use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator};
@@ -26,7 +27,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let Ok(mapping) = Mapping::new([
         ("photos".to_owned(), "photos-k3x9q2mw".to_owned()),
-        ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        // A move fences `logs`: its writes are held.
+        ("logs".to_owned(), "logs-aaaa1111;fenced".to_owned()),
     ]) else {
         return;
     };
@@ -45,6 +47,8 @@ fuzz_target!(|data: &[u8]| {
         direction,
         allow_physical: selector & 2 != 0,
         links: &links,
+        access: Access::WRITE,
+        seen: None,
     };
     let hint = HINTS[usize::from(selector >> 2) % HINTS.len()];
     let _ = rewrite_json_bytes(body, hint, &tr);

@@ -6,6 +6,7 @@
 
 use arbitrary::Arbitrary;
 use bucketmap_sidecar_core::mapping::Mapping;
+use bucketmap_sidecar_core::policy::Access;
 use bucketmap_sidecar_core::rewrite::url::{rewrite_copy_source, rewrite_url};
 use bucketmap_sidecar_core::rewrite::{Direction, LinkBase, Translator, request_bucket};
 use bucketmap_sidecar_core::route::{replace_slots, route, virtual_host_bucket};
@@ -36,7 +37,8 @@ const METHODS: [Method; 7] = [
 fuzz_target!(|input: Input<'_>| {
     let Ok(mapping) = Mapping::new([
         ("photos".to_owned(), "photos-k3x9q2mw".to_owned()),
-        ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        // A move fences `logs`: its writes are held.
+        ("logs".to_owned(), "logs-aaaa1111;fenced".to_owned()),
     ]) else {
         return;
     };
@@ -78,6 +80,8 @@ fuzz_target!(|input: Input<'_>| {
             direction,
             allow_physical: input.allow_physical,
             links: &links,
+            access: Access::WRITE,
+            seen: None,
         };
         let _ = rewrite_url(&format!("https://storage.googleapis.com{upstream}"), &tr);
         let _ = rewrite_url(&format!("https://{}{}", input.host, input.path), &tr);

@@ -200,6 +200,7 @@ mod tests {
         Names {
             mapping: Arc::new(mapping()),
             allow_physical,
+            access: crate::policy::Access::WRITE,
         }
     }
 

@@ -25,7 +25,8 @@ mod read_rpcs_tests;
 use std::sync::{Arc, LazyLock};
 
 use crate::mapping::Mapping;
-use crate::rewrite::{Direction, LinkBase, Translator};
+use crate::policy::Access;
+use crate::rewrite::{Direction, LinkBase, Seen, Translator};
 
 /// gRPC messages carry no links: the translator's link base is never used.
 static NO_LINKS: LazyLock<LinkBase> = LazyLock::new(|| LinkBase {
@@ -41,6 +42,8 @@ pub struct Names {
     pub mapping: Arc<Mapping>,
     /// Accept the physical names of mapped buckets in requests.
     pub allow_physical: bool,
+    /// What a move's fence needs to know of the call.
+    pub access: Access,
 }
 
 impl Names {
@@ -51,6 +54,16 @@ impl Names {
             direction,
             allow_physical: self.allow_physical,
             links: &NO_LINKS,
+            access: self.access,
+            seen: None,
+        }
+    }
+
+    /// A translator of request names that tells `seen` each physical name.
+    pub fn seeing<'s>(&'s self, seen: &'s (dyn Fn(&str) + Send + Sync + 's)) -> Translator<'s> {
+        Translator {
+            seen: Some(Seen(seen)),
+            ..self.translator(Direction::ToPhysical)
         }
     }
 }

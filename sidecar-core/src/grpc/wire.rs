@@ -106,6 +106,36 @@ pub fn unchanged_at_top(parts: &[&[u8]], message: usize) -> bool {
     true
 }
 
+/// Whether a request message of type `schema::MESSAGES[message]` finishes
+/// a write: a `WriteObjectRequest` or `BidiWriteObjectRequest` with
+/// `finish_write` set (the last value given wins, as protobuf reads it).
+/// GCS commits no object of a write stream before that message, so the
+/// shell cuts off a write in flight only until it has forwarded it. A
+/// message it cannot read does not finish anything.
+pub fn finishes_write(msg: &[u8], message: usize) -> bool {
+    let number = match MESSAGES.get(message).map(|m| m.name) {
+        Some("google.storage.v2.WriteObjectRequest") => 7,
+        Some("google.storage.v2.BidiWriteObjectRequest") => 9,
+        _ => return false,
+    };
+    let mut buf = msg;
+    let mut finishes = false;
+    while !buf.is_empty() {
+        let Ok((field, wire_type)) = decode_key(&mut buf) else {
+            return false;
+        };
+        if field == number && wire_type == WireType::Varint {
+            match decode_varint(&mut buf) {
+                Ok(value) => finishes = value != 0,
+                Err(_) => return false,
+            }
+        } else if skip_field(wire_type, field, &mut buf, DecodeContext::default()).is_err() {
+            return false;
+        }
+    }
+    finishes
+}
+
 /// A read position in a message held in pieces.
 struct Pieces<'a> {
     parts: &'a [&'a [u8]],
@@ -756,6 +786,95 @@ mod tests {
             ))
         );
         assert_eq!(got.write_offset, 100);
+    }
+
+    #[test]
+    fn a_write_naming_a_fenced_entry_in_a_message_is_held_and_a_read_goes_on() {
+        use crate::policy::{Access, Kind};
+        let m = Mapping::new([
+            ("photos".to_owned(), "photos-k3x9q2mw;fenced".to_owned()),
+            ("logs".to_owned(), "logs-aaaa1111".to_owned()),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let links = sidecar_base();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let record = |name: &str| seen.lock().unwrap().push(name.to_owned());
+        let mut t = translator(&m, &links, Direction::ToPhysical);
+        t.seen = Some(crate::rewrite::Seen(&record));
+        let write = gcs::WriteObjectRequest {
+            first_message: Some(gcs::write_object_request::FirstMessage::WriteObjectSpec(
+                gcs::WriteObjectSpec {
+                    resource: Some(object(PHOTOS, "a.jpg")),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        };
+        let bytes = Bytes::from(write.encode_to_vec());
+        let held = rewrite_message(&bytes, index("WriteObjectRequest"), &t)
+            .expect_err("a write to a fenced entry went on");
+        assert_eq!(held.reason(), Some(Kind::Moving.row().error_info));
+        assert_eq!(held.code(), Code::Unavailable);
+        // The same message as a read, and a write to an open entry, go on,
+        // and tell the physical names they use.
+        t.access = Access {
+            writes: false,
+            stale: None,
+        };
+        let read = rewrite_message(&bytes, index("WriteObjectRequest"), &t);
+        assert!(matches!(read, Ok(Some(_))), "{read:?}");
+        t.access = Access::WRITE;
+        let logs = gcs::ReadObjectRequest {
+            bucket: "projects/_/buckets/logs".to_owned(),
+            object: "x".to_owned(),
+            ..Default::default()
+        };
+        let logs = Bytes::from(logs.encode_to_vec());
+        assert!(rewrite_message(&logs, index("ReadObjectRequest"), &t).is_ok());
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["photos-k3x9q2mw".to_owned(), "logs-aaaa1111".to_owned()]
+        );
+    }
+
+    #[test]
+    fn the_message_that_finishes_a_write_is_told_apart() {
+        let data = |finish_write| gcs::WriteObjectRequest {
+            write_offset: 4,
+            data: Some(gcs::write_object_request::Data::ChecksummedData(
+                gcs::ChecksummedData {
+                    content: b"data".repeat(100),
+                    crc32c: None,
+                },
+            )),
+            finish_write,
+            ..Default::default()
+        };
+        let write = index("WriteObjectRequest");
+        assert!(finishes_write(&data(true).encode_to_vec(), write));
+        assert!(!finishes_write(&data(false).encode_to_vec(), write));
+        let bidi = |finish_write, flush| gcs::BidiWriteObjectRequest {
+            write_offset: 4,
+            flush,
+            finish_write,
+            ..Default::default()
+        };
+        let bidi_index = index("BidiWriteObjectRequest");
+        assert!(finishes_write(
+            &bidi(true, false).encode_to_vec(),
+            bidi_index
+        ));
+        assert!(!finishes_write(
+            &bidi(false, true).encode_to_vec(),
+            bidi_index
+        ));
+        // Another message, or one that cannot be read, finishes nothing.
+        let read = gcs::ReadObjectRequest::default().encode_to_vec();
+        assert!(!finishes_write(&read, index("ReadObjectRequest")));
+        let mut cut = data(true).encode_to_vec();
+        cut.truncate(cut.len() - 1);
+        cut.insert(0, 0x0a);
+        assert!(!finishes_write(&cut, write));
     }
 
     #[test]

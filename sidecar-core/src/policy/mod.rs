@@ -10,7 +10,18 @@
 //!
 //! The order of the checks is the order both front ends answered in before
 //! there was one policy: the operation, the framing, the map, the names
-//! (left to right), the credentials.
+//! (left to right), a move's fence and the map's age, the credentials.
+//!
+//! A request that names an entry a move has fenced, by any of its names,
+//! goes by [`crate::relocation::route`]: with a fresh map its reads are
+//! forwarded and its writes held — the shell keeps the request, without
+//! reading its body further, until the map changes, then decides again
+//! (the entry may be open on another bucket by then), and answers
+//! [`Kind::Moving`] once its hold limit passes; with a stale map it is
+//! refused, read or write. Names in bodies and messages go by the same
+//! rule in the rewriters ([`bucket_in_body`]): a write naming a fenced
+//! entry there is refused with [`Kind::Moving`], which the shell holds
+//! like [`Decision::Hold`] while it still has the whole request.
 //!
 //! | check | refusal | HTTP | gRPC |
 //! |---|---|---|---|
@@ -19,6 +30,8 @@
 //! | no map loaded | [`Kind::NotReady`] | 503 `backendNotReady` | `UNAVAILABLE` |
 //! | a name the map does not know | [`Kind::UnknownBucket`] | 404 `notFound` | `NOT_FOUND` |
 //! | a physical name, not allowed | [`Kind::PhysicalName`] | 403 `forbidden` | `PERMISSION_DENIED` |
+//! | a name of an entry a move has fenced ([`crate::relocation`]): reads forwarded, writes held ([`Decision::Hold`]) | when the shell's hold limit passes, [`Kind::Moving`] | 503 `backendNotReady` | `UNAVAILABLE` |
+//! | a name of a fenced entry while the map is stale: reads and writes | [`Kind::StaleMap`] | 503 `backendNotReady` | `UNAVAILABLE` |
 //! | a write while the map is stale ([`Staleness`]) | [`Kind::StaleMap`] | 503 `backendNotReady` | `UNAVAILABLE` |
 //! | no own credentials, ADC configured | forward, credentials added ([`adds_credentials`]) | | |
 //! | the credentials cannot be obtained (the shell's I/O) | [`Kind::CredentialsUnavailable`] | 503 `backendError` | `UNAVAILABLE` |
@@ -31,6 +44,7 @@ mod tests;
 use smallvec::SmallVec;
 
 use crate::mapping::Mapping;
+use crate::relocation::{self, Entry, Route};
 pub use refusal::{ErrorStyle, Kind, Refusal};
 
 /// The bucket names of one request, on the stack while few.
@@ -73,6 +87,25 @@ pub struct Staleness {
     pub confirmed_once: bool,
 }
 
+/// What a move's fence needs to know of a request besides its names:
+/// whether it writes, and whether the map is past its bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// The request may change data or metadata ([`Request::writes`]).
+    pub writes: bool,
+    /// Set when the map is older than the bound.
+    pub stale: Option<Staleness>,
+}
+
+impl Access {
+    /// A write with a fresh map: how a name is checked when nothing else is
+    /// known (a fenced entry's writes are held, so in doubt nothing goes).
+    pub const WRITE: Access = Access {
+        writes: true,
+        stale: None,
+    };
+}
+
 /// What the policy decides with: the sidecar's state and settings.
 #[derive(Clone, Copy, Debug)]
 pub struct Context<'m> {
@@ -98,6 +131,14 @@ pub enum Decision<'a> {
         /// Whether the sidecar adds its own credentials.
         add_credentials: bool,
     },
+    /// Keep it until the map changes, then decide again: a write naming an
+    /// entry a move has fenced. Nothing goes upstream meanwhile.
+    Hold {
+        /// The operation.
+        operation: &'static str,
+        /// The request's name of the fenced entry (the first, left to right).
+        bucket: &'a str,
+    },
     /// Answer with this refusal; nothing goes upstream.
     Refuse(Refusal),
 }
@@ -121,18 +162,40 @@ fn decide_forward<'a>(request: &Request<'a>, cx: &Context<'a>) -> Result<Decisio
         .iter()
         .map(|name| bucket(mapping, cx.allow_physical, name))
         .collect::<Result<Names<'a>, Refusal>>()?;
-    if let (true, Some(stale)) = (request.writes, cx.stale) {
-        return Err(Refusal::stale_map(
+    let fenced = request
+        .buckets
+        .iter()
+        .copied()
+        .find(|name| mapping.entry(name) == Entry::Fenced);
+    let entry = fenced.map_or(Entry::Open, |_| Entry::Fenced);
+    match (
+        relocation::route(entry, request.writes, cx.stale.is_some()),
+        fenced,
+        cx.stale,
+    ) {
+        (Route::Forward, ..) => Ok(Decision::Forward {
+            operation,
+            physical,
+            add_credentials: adds_credentials(request.credentials, cx.adc),
+        }),
+        (Route::Hold, Some(bucket), _) => Ok(Decision::Hold { operation, bucket }),
+        (Route::Refuse, Some(bucket), Some(stale)) => Err(Refusal::fenced_stale(
+            bucket,
             stale.age,
             stale.bound,
             stale.confirmed_once,
-        ));
+        )),
+        (Route::Refuse, None, Some(stale)) => Err(Refusal::stale_map(
+            stale.age,
+            stale.bound,
+            stale.confirmed_once,
+        )),
+        // The rule holds only fenced entries and refuses only with a stale
+        // map; fail safe if it ever did otherwise.
+        (Route::Hold | Route::Refuse, bucket, _) => {
+            Err(Refusal::moving(bucket.unwrap_or_default()))
+        }
     }
-    Ok(Decision::Forward {
-        operation,
-        physical,
-        add_credentials: adds_credentials(request.credentials, cx.adc),
-    })
 }
 
 /// The map in force, or the refusal of a sidecar that has none yet.
@@ -157,6 +220,42 @@ pub fn bucket<'m>(
         Some(logical) => Err(Refusal::physical_name_refused(name, logical)),
         None => Err(Refusal::unknown_bucket(name)),
     }
+}
+
+/// The physical name a request may use for `name` found in its body or
+/// message, as [`bucket`] decides, and the fence of a move on its entry:
+/// a write naming a fenced entry is refused with [`Kind::Moving`] (the
+/// shell holds the request when it still can, and decides again), and any
+/// request naming one while the map is stale with [`Kind::StaleMap`].
+pub fn bucket_in_body<'m>(
+    mapping: &'m Mapping,
+    allow_physical: bool,
+    access: Access,
+    name: &'m str,
+) -> Result<&'m str, Refusal> {
+    let physical = bucket(mapping, allow_physical, name)?;
+    if mapping.entry(name) == Entry::Open {
+        return Ok(physical);
+    }
+    match (
+        relocation::route(Entry::Fenced, access.writes, access.stale.is_some()),
+        access.stale,
+    ) {
+        (Route::Forward, _) => Ok(physical),
+        (Route::Refuse, Some(stale)) => Err(Refusal::fenced_stale(
+            name,
+            stale.age,
+            stale.bound,
+            stale.confirmed_once,
+        )),
+        (Route::Hold | Route::Refuse, _) => Err(Refusal::moving(name)),
+    }
+}
+
+/// Whether a refusal is a write held by a move's fence, which the shell
+/// holds and decides again rather than answer at once.
+pub fn holds(refusal: &Refusal) -> bool {
+    refusal.kind == Kind::Moving
 }
 
 /// Whether an HTTP request of this method only reads: `GET` and `HEAD`.

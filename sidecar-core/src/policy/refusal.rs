@@ -41,8 +41,13 @@ pub enum Kind {
     BadGateway,
     /// The upstream did not answer in time.
     GatewayTimeout,
-    /// A write while the map has not been confirmed for longer than the bound.
+    /// A write while the map has not been confirmed for longer than the
+    /// bound, or any request naming an entry a move has fenced while it has
+    /// not.
     StaleMap,
+    /// A write held while a move switches its bucket, answered when the
+    /// hold limit passed, or a write in flight cut off by the switch.
+    Moving,
 }
 
 /// One row of [`TABLE`]: how a kind of refusal is said in each protocol.
@@ -82,7 +87,7 @@ const fn row(
 
 /// Every kind of refusal, once, in the order of [`Kind`].
 #[rustfmt::skip]
-pub const TABLE: [Row; 11] = {
+pub const TABLE: [Row; 12] = {
     use Kind::*;
     [
         row(UnknownBucket, "UNKNOWN_BUCKET", StatusCode::NOT_FOUND, "notFound", "NoSuchBucket", Code::NotFound),
@@ -96,6 +101,7 @@ pub const TABLE: [Row; 11] = {
         row(BadGateway, "BAD_GATEWAY", StatusCode::BAD_GATEWAY, "backendError", "InternalError", Code::Unavailable),
         row(GatewayTimeout, "GATEWAY_TIMEOUT", StatusCode::GATEWAY_TIMEOUT, "backendError", "RequestTimeout", Code::DeadlineExceeded),
         row(StaleMap, "STALE_MAP", StatusCode::SERVICE_UNAVAILABLE, "backendNotReady", "ServiceUnavailable", Code::Unavailable),
+        row(Moving, "BUCKET_MOVING", StatusCode::SERVICE_UNAVAILABLE, "backendNotReady", "ServiceUnavailable", Code::Unavailable),
     ]
 };
 
@@ -267,14 +273,7 @@ impl Refusal {
         bound: std::time::Duration,
         confirmed_once: bool,
     ) -> Self {
-        let since = if confirmed_once {
-            format!("was last confirmed {}s ago", age.as_secs())
-        } else {
-            format!(
-                "has not been confirmed since the sidecar started {}s ago",
-                age.as_secs()
-            )
-        };
+        let since = since(age, confirmed_once);
         Self::new(
             Kind::StaleMap,
             format!(
@@ -284,6 +283,57 @@ impl Refusal {
                  again. Retry later.",
                 bound.as_secs()
             ),
+        )
+    }
+
+    /// A request naming `bucket`, an entry a move has fenced, while the map
+    /// is older than the bound: the sidecar knows a move is under way, so
+    /// its entry may name a bucket that has since fallen behind, for reads
+    /// as for writes.
+    pub fn fenced_stale(
+        bucket: &str,
+        age: std::time::Duration,
+        bound: std::time::Duration,
+        confirmed_once: bool,
+    ) -> Self {
+        let since = since(age, confirmed_once);
+        Self::new(
+            Kind::StaleMap,
+            format!(
+                "bucketmap-sidecar refuses reads and writes of '{bucket}': a move of the bucket \
+                 is under way, and the sidecar's bucket map {since} with the Kubernetes API \
+                 server, longer than the bound of {}s (--max-map-age), so it may name a bucket \
+                 that has fallen behind. Requests resume as soon as the map is confirmed again. \
+                 Retry later.",
+                bound.as_secs()
+            ),
+        )
+    }
+
+    /// A write naming `bucket` while a move switches it to another bucket:
+    /// held, and answered so when the hold limit passed, or found where the
+    /// sidecar cannot hold it (a name in a streamed body or a later gRPC
+    /// message).
+    pub fn moving(bucket: &str) -> Self {
+        Self::new(
+            Kind::Moving,
+            format!(
+                "bucketmap-sidecar holds writes to '{bucket}': a move of the bucket to another \
+                 one is under way, and writes resume, to the new bucket, when it is over (in a \
+                 few minutes). Retry later."
+            ),
+        )
+    }
+
+    /// A write whose body was still arriving when its bucket's entry was
+    /// fenced or moved, or the map went stale: cut off so that the bucket
+    /// it went to does not change any more.
+    pub fn cut_off() -> Self {
+        Self::new(
+            Kind::Moving,
+            "bucketmap-sidecar cut off this write before its body was complete: its bucket is \
+             being moved to another one (or the sidecar's bucket map went stale), and nothing \
+             may change in the old bucket any more. Nothing was written. Retry later.",
         )
     }
 
@@ -363,6 +413,18 @@ impl Refusal {
     }
 }
 
+/// How long a map went unconfirmed, as the stale refusals say it.
+fn since(age: std::time::Duration, confirmed_once: bool) -> String {
+    if confirmed_once {
+        format!("was last confirmed {}s ago", age.as_secs())
+    } else {
+        format!(
+            "has not been confirmed since the sidecar started {}s ago",
+            age.as_secs()
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,8 +435,8 @@ mod tests {
             assert_eq!(row.kind as usize, i, "{row:?}");
             assert_eq!(row.kind.row(), row);
         }
-        assert_eq!(TABLE.len(), 11);
-        assert_eq!(TABLE.last().map(|r| r.kind), Some(Kind::StaleMap));
+        assert_eq!(TABLE.len(), 12);
+        assert_eq!(TABLE.last().map(|r| r.kind), Some(Kind::Moving));
     }
 
     #[test]

@@ -20,7 +20,7 @@ fn request<'a>(buckets: &[&'a str], credentials: bool) -> Request<'a> {
 fn kind(decision: &Decision<'_>) -> Option<Kind> {
     match decision {
         Decision::Refuse(refusal) => Some(refusal.kind),
-        Decision::Forward { .. } => None,
+        Decision::Forward { .. } | Decision::Hold { .. } => None,
     }
 }
 
@@ -222,4 +222,130 @@ fn only_reads_are_reads() {
     ] {
         assert_eq!(is_read_rpc(path), read, "{path}");
     }
+}
+
+/// `photos` open, `logs` fenced by a move.
+fn fenced_mapping() -> Mapping {
+    Mapping::new([
+        ("photos".to_owned(), "photos-k3x9q2mw".to_owned()),
+        ("logs".to_owned(), "logs-aaaa1111;fenced".to_owned()),
+    ])
+    .unwrap_or_default()
+}
+
+/// What happens to a request, in one word.
+fn outcome(decision: &Decision<'_>) -> &'static str {
+    match decision {
+        Decision::Forward { .. } => "forward",
+        Decision::Hold { .. } => "hold",
+        Decision::Refuse(r) if r.kind == Kind::StaleMap => "refuse stale",
+        Decision::Refuse(_) => "refuse other",
+    }
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // a table of cases
+fn a_fenced_entry_holds_writes_forwards_reads_and_refuses_both_when_stale() {
+    let m = fenced_mapping();
+    assert!(m.any_fenced(), "the test needs a fenced entry");
+    let stale = Staleness {
+        age: std::time::Duration::from_secs(75),
+        bound: std::time::Duration::from_secs(60),
+        confirmed_once: true,
+    };
+    let fresh = Context {
+        mapping: Some(&m),
+        allow_physical: true,
+        adc: false,
+        stale: None,
+    };
+    let old = Context {
+        stale: Some(stale),
+        ..fresh
+    };
+    let at = |names: &[&'static str], writes: bool, cx: &Context<'_>| {
+        let mut req = request(names, true);
+        req.writes = writes;
+        outcome(&decide(&req, cx))
+    };
+    let (fresh, old) = (&fresh, &old);
+    let table: [(&[&'static str], bool, &Context<'_>, &str); 12] = [
+        // names, writes, context => outcome (relocation::route's table)
+        (&["logs"], false, fresh, "forward"),
+        (&["logs"], true, fresh, "hold"),
+        (&["logs"], false, old, "refuse stale"),
+        (&["logs"], true, old, "refuse stale"),
+        // By its physical name too.
+        (&["logs-aaaa1111"], true, fresh, "hold"),
+        (&["logs-aaaa1111"], false, old, "refuse stale"),
+        // Any of the request's names: a copy out of or into a fenced entry.
+        (&["photos", "logs"], true, fresh, "hold"),
+        (&["logs", "photos"], false, fresh, "forward"),
+        // An open entry beside it goes on as before.
+        (&["photos"], true, fresh, "forward"),
+        (&["photos"], false, old, "forward"),
+        (&["photos"], true, old, "refuse stale"),
+        // Unknown names are refused first, fenced or not.
+        (&["nope", "logs"], true, fresh, "refuse other"),
+    ];
+    for (names, writes, cx, want) in table {
+        assert_eq!(
+            at(names, writes, cx),
+            want,
+            "{names:?} writes={writes} stale={}",
+            cx.stale.is_some()
+        );
+    }
+    let mut write = request(&["photos", "logs-aaaa1111"], true);
+    write.writes = true;
+    assert_eq!(
+        decide(&write, fresh),
+        Decision::Hold {
+            operation: "objects.get",
+            bucket: "logs-aaaa1111"
+        }
+    );
+    let mut read = request(&["logs"], true);
+    read.writes = false;
+    let Decision::Refuse(refusal) = decide(&read, old) else {
+        panic!("a stale read of a fenced entry was not refused");
+    };
+    assert_eq!(refusal.status.as_u16(), 503);
+    assert_eq!(refusal.grpc_status().code(), Code::Unavailable);
+    assert!(
+        refusal.message.contains("a move of the bucket"),
+        "{refusal}"
+    );
+}
+
+#[test]
+fn names_in_bodies_meet_the_same_fence() {
+    let m = fenced_mapping();
+    let stale = Some(Staleness {
+        age: std::time::Duration::from_secs(75),
+        bound: std::time::Duration::from_secs(60),
+        confirmed_once: false,
+    });
+    let read = Access {
+        writes: false,
+        stale: None,
+    };
+    let check = |name, access| bucket_in_body(&m, true, access, name).map_err(|r| r.kind);
+    assert_eq!(check("logs", read), Ok("logs-aaaa1111"));
+    assert_eq!(check("logs", Access::WRITE), Err(Kind::Moving));
+    assert_eq!(check("logs-aaaa1111", Access::WRITE), Err(Kind::Moving));
+    assert_eq!(check("logs", Access { stale, ..read }), Err(Kind::StaleMap));
+    assert_eq!(check("photos", Access::WRITE), Ok("photos-k3x9q2mw"));
+    assert_eq!(
+        check("photos", Access { stale, ..read }),
+        Ok("photos-k3x9q2mw")
+    );
+    assert_eq!(check("nope", Access::WRITE), Err(Kind::UnknownBucket));
+    let held = bucket_in_body(&m, true, Access::WRITE, "logs")
+        .err()
+        .unwrap_or_else(Refusal::not_ready);
+    assert!(holds(&held), "{held}");
+    assert_eq!(held.status.as_u16(), 503);
+    assert_eq!(held.grpc_status().code(), Code::Unavailable);
+    assert!(!holds(&Refusal::not_ready()));
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use crate::errors::ApiError;
 use crate::mapping::Mapping;
+use crate::policy::Access;
 
 /// Which way names are translated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +43,17 @@ pub struct LinkBase {
     pub virtual_host: Option<String>,
 }
 
+/// Told each physical name a request's translation uses (the shell keeps
+/// those of a write, to cut it off if a move fences its bucket).
+#[derive(Clone, Copy)]
+pub struct Seen<'a>(pub &'a (dyn Fn(&str) + Send + Sync + 'a));
+
+impl std::fmt::Debug for Seen<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seen")
+    }
+}
+
 /// Translates bucket names found in one message.
 #[derive(Clone, Copy, Debug)]
 pub struct Translator<'a> {
@@ -53,6 +65,11 @@ pub struct Translator<'a> {
     pub allow_physical: bool,
     /// Where rewritten absolute URLs point.
     pub links: &'a LinkBase,
+    /// In requests, what a move's fence needs to know of the request
+    /// ([`crate::policy::bucket_in_body`]).
+    pub access: Access,
+    /// In requests, told each physical name used.
+    pub seen: Option<Seen<'a>>,
 }
 
 impl<'a> Translator<'a> {
@@ -69,7 +86,16 @@ impl<'a> Translator<'a> {
     {
         match self.direction {
             Direction::ToPhysical => {
-                request_bucket_str(self.mapping, self.allow_physical, name).map(Some)
+                let physical = crate::policy::bucket_in_body(
+                    self.mapping,
+                    self.allow_physical,
+                    self.access,
+                    name,
+                )?;
+                if let Some(Seen(seen)) = self.seen {
+                    seen(physical);
+                }
+                Ok(Some(physical))
             }
             Direction::ToLogical => Ok(self.mapping.logical(name)),
         }
@@ -147,6 +173,8 @@ pub(crate) mod testing {
             direction,
             allow_physical: false,
             links,
+            access: Access::WRITE,
+            seen: None,
         }
     }
 

@@ -4,7 +4,7 @@
 use http::{Method, Uri};
 use percent_encoding::percent_decode_str;
 
-use super::{Direction, Translator, request_bucket};
+use super::{Direction, Translator};
 use crate::errors::ApiError;
 use crate::route::{Api, Route, object_link_slot, route, virtual_host_bucket};
 
@@ -207,7 +207,7 @@ pub fn rewrite_copy_source(value: &str, tr: &Translator<'_>) -> Result<String, A
             "the copy source {value:?} does not name a valid bucket"
         )));
     }
-    let physical = request_bucket(tr.mapping, tr.allow_physical, &bucket)?;
+    let physical = tr.bucket_str(&bucket)?.unwrap_or(&bucket);
     Ok(format!("{slash}{physical}{object}"))
 }
 

@@ -3,9 +3,13 @@
 //! checked and translated before anything goes upstream, the rest of the
 //! request stream translated message by message (a refused later message
 //! aborts the upstream call), and the response stream translated back, its
-//! status message included.
+//! status message included. A write that names an entry a move has fenced,
+//! in its routing header or first message, waits for the map to change
+//! ([`crate::hold`]); a write stream is cut off (reset) when its bucket is
+//! fenced before the message that finishes it has gone on
+//! ([`crate::flights`]).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
@@ -21,9 +25,11 @@ use super::{Names, headers, status};
 use crate::auth::Auth;
 use crate::body::{BoxError, ProxyBody, boxed, empty};
 use crate::config::UpstreamHttp;
+use crate::flights::{Buckets, Flights, Ticket};
+use crate::hold::{Ended, Hold, Holds};
 use crate::hop_by_hop::forwards_authorization;
 use crate::layers::{Answer, Rejected};
-use crate::mapping::MappingStore;
+use crate::mapping::{Mapping, MappingStore};
 use crate::metrics::{GrpcLabels, Metrics};
 use crate::policy::{self, Decision};
 use crate::rewrite::Direction;
@@ -65,6 +71,8 @@ pub struct GrpcSettings {
     pub allow_physical_names: bool,
     /// Largest message read to be rewritten, in bytes.
     pub max_message_bytes: usize,
+    /// How long a write a move's fence holds waits (`--hold-limit`).
+    pub hold_limit: std::time::Duration,
 }
 
 /// The gRPC path of the sidecar.
@@ -75,6 +83,9 @@ pub struct GrpcProxy {
     mapping: Arc<MappingStore>,
     metrics: Arc<Metrics>,
     auth: Arc<Auth>,
+    holds: Holds,
+    /// Writes in flight, cut off when a move fences their bucket.
+    flights: Arc<Flights>,
 }
 
 /// Where a refused later request message leaves its status for the response.
@@ -164,15 +175,19 @@ struct Rewriter {
 }
 
 impl Rewriter {
+    /// A message's payload, decoded when it is compressed.
+    fn payload(&self, message: &Message) -> Result<Bytes, Status> {
+        match message.compressed {
+            true => self.compression.decode(&message.payload, self.limit),
+            false => Ok(message.payload.clone()),
+        }
+    }
+
     fn rewrite(&self, message: Message) -> Result<Message, Status> {
         let Some(index) = self.message else {
             return Ok(message);
         };
-        let payload = if message.compressed {
-            self.compression.decode(&message.payload, self.limit)?
-        } else {
-            message.payload.clone()
-        };
+        let payload = self.payload(&message)?;
         let translator = self.names.translator(self.direction);
         match super::wire::rewrite_message(&payload, index, &translator).map_err(from_core)? {
             None => Ok(message),
@@ -196,19 +211,86 @@ impl Rewriter {
 }
 
 /// The request direction: a refused message aborts the upstream call and
-/// leaves its status in the slot.
+/// leaves its status in the slot. A write's stream is cut off (reset, its
+/// status in the slot) when a move fences its bucket before the message
+/// that finishes the write has gone on ([`crate::flights`]).
 struct RequestSide {
     rewriter: Rewriter,
     failed: Slot,
+    /// Set for the first message: the physical names it uses go to `sent_to`.
+    first: bool,
+    /// The physical names the first message used.
+    sent_to: Buckets,
+    /// The last message refused named an entry a move has fenced.
+    held: bool,
+    /// A message that finishes the write was rewritten: once it has gone
+    /// on, the write is complete.
+    finishing: bool,
+    /// The write's place among the flights.
+    ticket: Option<Ticket>,
+}
+
+impl RequestSide {
+    fn new(rewriter: Rewriter, failed: Slot) -> Self {
+        Self {
+            rewriter,
+            failed,
+            first: true,
+            sent_to: Buckets::new(),
+            held: false,
+            finishing: false,
+            ticket: None,
+        }
+    }
+
+    /// The status of a write cut off.
+    fn cut_off() -> Status {
+        refused(&policy::Refusal::cut_off())
+    }
 }
 
 impl Side for RequestSide {
     fn message(&mut self, message: Message) -> Result<Message, Status> {
-        self.rewriter.rewrite(message)
+        let Some(index) = self.rewriter.message else {
+            return Ok(message);
+        };
+        let payload = self.rewriter.payload(&message)?;
+        self.finishing |= super::wire::finishes_write(&payload, index);
+        let names = &self.rewriter.names;
+        let seen = Mutex::new(Buckets::new());
+        let record = |name: &str| {
+            if let (Some(physical), Ok(mut seen)) =
+                (names.mapping.shared_physical(name), seen.lock())
+            {
+                seen.push(physical);
+            }
+        };
+        let translator = match std::mem::take(&mut self.first) {
+            true => names.seeing(&record),
+            false => names.translator(Direction::ToPhysical),
+        };
+        let rewritten = super::wire::rewrite_message(&payload, index, &translator);
+        self.sent_to
+            .extend(seen.into_inner().unwrap_or_else(PoisonError::into_inner));
+        match rewritten {
+            Ok(None) => Ok(message),
+            Ok(Some(payload)) => Ok(Message {
+                compressed: false,
+                payload,
+            }),
+            Err(status) => {
+                self.held = status.reason() == Some(policy::Kind::Moving.row().error_info);
+                Err(from_core(status))
+            }
+        }
     }
 
     fn finish(&mut self, trailers: Option<HeaderMap>) -> Result<Option<HeaderMap>, BoxError> {
-        Ok(trailers)
+        // The whole stream went on: complete, unless cut off first.
+        match self.ticket.as_ref().is_none_or(|t| t.flight().complete()) {
+            true => Ok(trailers),
+            false => self.fail(Self::cut_off()).map(Some),
+        }
     }
 
     fn fail(&mut self, status: Status) -> Result<HeaderMap, BoxError> {
@@ -216,6 +298,20 @@ impl Side for RequestSide {
         // hyper resets the upstream stream with the reason it finds in the
         // error: CANCEL, as a gRPC client cancelling a call sends.
         Err(Box::new(h2::Error::from(h2::Reason::CANCEL)))
+    }
+
+    fn passing(&mut self, last: bool) -> Option<Status> {
+        let flight = self.ticket.as_ref()?.flight();
+        let gone_on = match last && self.finishing {
+            true => flight.complete(),
+            false => !flight.is_cut(),
+        };
+        (!gone_on).then(Self::cut_off)
+    }
+
+    fn poll_cut(&mut self, cx: &std::task::Context<'_>) -> Option<Status> {
+        let flight = self.ticket.as_ref()?.flight();
+        flight.poll_cut(cx).then(Self::cut_off)
     }
 }
 
@@ -332,6 +428,36 @@ pub fn model<'a, B>(
     }
 }
 
+/// What the policy decides a call with, besides the map: its head, method,
+/// deadline and routing header.
+struct Call {
+    head: Request<()>,
+    rpc: Option<&'static Rpc>,
+    deadline: Result<Option<std::time::Duration>, CoreStatus>,
+    routing: Result<Vec<String>, CoreStatus>,
+}
+
+/// What the policy made of a call.
+enum Verdict {
+    /// It goes on.
+    Go(Go),
+    /// A move's fence holds it: decided again when the map is another than
+    /// `mapping`; `status` once the hold limit passes.
+    Hold {
+        mapping: Option<Arc<Mapping>>,
+        status: Status,
+    },
+}
+
+/// A call the policy lets go.
+struct Go {
+    /// The map and rules its messages are translated with.
+    names: Arc<Names>,
+    add_credentials: bool,
+    /// The physical names of its routing header, when it writes.
+    sent_to: Buckets,
+}
+
 impl GrpcProxy {
     /// The gRPC path forwarding to `settings.upstream` with `client`.
     pub fn new(
@@ -342,6 +468,8 @@ impl GrpcProxy {
         auth: Arc<Auth>,
     ) -> Self {
         Self {
+            holds: Holds::new(mapping.clone(), settings.hold_limit, metrics.clone()),
+            flights: Flights::new(mapping.clone(), metrics.clone()),
             client,
             settings,
             mapping,
@@ -350,9 +478,20 @@ impl GrpcProxy {
         }
     }
 
+    /// The path with the flights `flights` (the process's one registry,
+    /// which its sweeper looks at) in place of its own.
+    #[must_use]
+    pub fn with_flights(mut self, flights: Arc<Flights>) -> Self {
+        self.flights = flights;
+        self
+    }
+
     /// Serves one gRPC call. The decision is the policy's
     /// ([`policy::decide`]); this front end translates the call into the
-    /// policy's model ([`model`]) and renders the refusal as a status.
+    /// policy's model ([`model`]) and renders the refusal as a status. A
+    /// call a move's fence holds — by its routing header or its first
+    /// message — waits, within its deadline, for the map to change
+    /// ([`crate::hold`]).
     pub async fn call<B>(self: Arc<Self>, req: Request<B>) -> Answer
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
@@ -360,32 +499,26 @@ impl GrpcProxy {
     {
         let rpc = find_rpc(req.uri().path());
         let outcome = self.outcome(rpc.map_or("unknown", |rpc| &rpc.path[1..]));
-        let mapping = self.mapping.current();
-        let deadline = headers::deadline(req.headers());
-        let routing = headers::routing_buckets(req.headers());
-        let cx = policy::Context {
-            mapping: mapping.as_deref(),
-            allow_physical: self.settings.allow_physical_names,
-            adc: self.auth.adds(),
-            stale: self.mapping.staleness(),
+        let (parts, body) = req.into_parts();
+        let call = Call {
+            deadline: headers::deadline(&parts.headers),
+            routing: headers::routing_buckets(&parts.headers),
+            head: Request::from_parts(parts, ()),
+            rpc,
         };
-        let add_credentials = match policy::decide(&model(&req, rpc, &deadline, &routing), &cx) {
-            Decision::Forward {
-                add_credentials, ..
-            } => add_credentials,
-            Decision::Refuse(refusal) => return refuse(outcome, &refused(&refusal)),
+        let verdict = match self.decide(&call) {
+            Ok(verdict) => verdict,
+            Err(status) => return refuse(outcome, &status),
         };
-        let (Some(rpc), Some(mapping), Ok(deadline)) = (rpc, mapping, deadline) else {
-            // The policy forwards known methods with a map and a deadline only.
-            return refuse(outcome, &refused(&policy::Refusal::not_ready()));
+        let Some(rpc) = rpc else {
+            // The policy refuses unknown methods.
+            let refusal = policy::Refusal::unknown_grpc_method(call.head.uri().path());
+            return refuse(outcome, &refused(&refusal));
         };
-        let names = Arc::new(Names {
-            mapping,
-            allow_physical: self.settings.allow_physical_names,
-        });
+        let deadline = call.deadline.as_ref().ok().copied().flatten();
         let deadline = deadline.map(|d| tokio::time::Instant::now() + d);
         let failed = Slot::default();
-        let forwarded = self.forward(rpc, req, &names, &failed, add_credentials);
+        let forwarded = self.hold_and_forward(rpc, call, body, verdict, &failed);
         let answered = match deadline {
             Some(at) => tokio::time::timeout_at(at, forwarded)
                 .await
@@ -393,35 +526,199 @@ impl GrpcProxy {
             None => forwarded.await,
         };
         match answered {
-            Ok(response) => self.response(rpc, response, names, failed, outcome, deadline),
+            Ok((response, names)) => self.response(rpc, response, names, failed, outcome, deadline),
             Err(status) => refuse(outcome, &status),
         }
     }
 
-    /// Sends the call upstream; its response head.
-    async fn forward<B>(
+    /// The policy's verdict on `call` with the map in force; its refusal
+    /// as a status.
+    fn decide(&self, call: &Call) -> Result<Verdict, Status> {
+        let mapping = self.mapping.current();
+        let stale = self.mapping.staleness();
+        let cx = policy::Context {
+            mapping: mapping.as_deref(),
+            allow_physical: self.settings.allow_physical_names,
+            adc: self.auth.adds(),
+            stale,
+        };
+        let model = model(&call.head, call.rpc, &call.deadline, &call.routing);
+        let writes = model.writes;
+        let (add_credentials, sent_to) = match policy::decide(&model, &cx) {
+            Decision::Forward {
+                add_credentials,
+                physical,
+                ..
+            } => {
+                let shared = |name: &&str| mapping.as_ref()?.shared_physical(name);
+                let sent_to = physical.iter().filter(|_| writes).filter_map(shared);
+                (add_credentials, sent_to.collect())
+            }
+            Decision::Refuse(refusal) => return Err(refused(&refusal)),
+            Decision::Hold { bucket, .. } => {
+                let status = refused(&policy::Refusal::moving(bucket));
+                let mapping = mapping.clone();
+                return Ok(Verdict::Hold { mapping, status });
+            }
+        };
+        // The model borrows the map; what it said is out of it now.
+        drop(model);
+        let (Some(mapping), Ok(_)) = (mapping, &call.deadline) else {
+            // The policy forwards with a map and a deadline it can read only.
+            return Err(refused(&policy::Refusal::not_ready()));
+        };
+        let access = policy::Access { writes, stale };
+        let names = Arc::new(Names {
+            mapping,
+            allow_physical: self.settings.allow_physical_names,
+            access,
+        });
+        Ok(Verdict::Go(Go {
+            names,
+            add_credentials,
+            sent_to,
+        }))
+    }
+
+    /// Holds the call until the policy lets it go, then sends it upstream
+    /// (its first message checked first, and held too if it names an entry
+    /// a move has fenced); the response head, and the names it went with.
+    async fn hold_and_forward<B>(
         &self,
-        rpc: &Rpc,
-        req: Request<B>,
-        names: &Arc<Names>,
+        rpc: &'static Rpc,
+        call: Call,
+        body: B,
+        verdict: Verdict,
         failed: &Slot,
-        add_credentials: bool,
-    ) -> Result<Response<hyper::body::Incoming>, Status>
+    ) -> Result<(Response<hyper::body::Incoming>, Arc<Names>), Status>
     where
         B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError> + std::fmt::Display,
     {
+        let mut hold = None;
+        let go = self.until_go(&call, verdict, &mut hold).await?;
+        let (body, go) = match rpc.request {
+            None => (boxed(body), go),
+            Some(_) => {
+                let rewriter = self.rewriter(
+                    &go.names,
+                    rpc.request,
+                    Direction::ToPhysical,
+                    call.head.headers(),
+                );
+                let side = RequestSide::new(rewriter, failed.clone());
+                let mut body = RewriteBody::new(body, side, self.settings.max_message_bytes);
+                let go = self
+                    .first_message(&call, &mut body, go, &mut hold, failed)
+                    .await?;
+                (boxed(body), go)
+            }
+        };
+        if hold.is_some() {
+            self.holds.ended(Ended::Forwarded);
+        }
+        let (head, ()) = call.head.into_parts();
         let upstream = self
-            .upstream_request(rpc, req, names, failed, add_credentials)
+            .upstream_request(rpc, head.headers, body, &go.names, go.add_credentials)
             .await?;
-        self.client.send(upstream).await.map_err(|e| {
+        let response = self.client.send(upstream).await.map_err(|e| {
             failed.take().unwrap_or_else(|| {
                 Status::unavailable(format!(
                     "bucketmap-sidecar cannot reach the gRPC upstream: {}",
                     crate::layers::timeout::error_chain(&e)
                 ))
             })
-        })
+        })?;
+        Ok((response, go.names))
+    }
+
+    /// Holds the call while the verdict is to hold it; the call as it goes.
+    async fn until_go(
+        &self,
+        call: &Call,
+        mut verdict: Verdict,
+        hold: &mut Option<Hold>,
+    ) -> Result<Go, Status> {
+        loop {
+            match verdict {
+                Verdict::Go(go) => return Ok(go),
+                Verdict::Hold { mapping, status } => {
+                    self.wait(hold, mapping.as_ref(), status).await?;
+                    verdict = self
+                        .decide(call)
+                        .inspect_err(|_| self.holds.ended(Ended::Refused))?;
+                }
+            }
+        }
+    }
+
+    /// Waits under `hold` (started now if the call was not held yet) for
+    /// the map to be another than `mapping`; `status` once the hold limit
+    /// has passed.
+    async fn wait(
+        &self,
+        hold: &mut Option<Hold>,
+        mapping: Option<&Arc<Mapping>>,
+        status: Status,
+    ) -> Result<(), Status> {
+        let hold = *hold.get_or_insert_with(|| self.holds.start());
+        match self.holds.wait(&hold, mapping).await {
+            true => Ok(()),
+            false => {
+                self.holds.ended(Ended::TimedOut);
+                Err(status)
+            }
+        }
+    }
+
+    /// Reads and checks the first request message before anything goes
+    /// upstream: a write whose message names an entry a move has fenced is
+    /// held, and the whole call decided again with the next map. A write
+    /// is then registered among the flights with the physical names of its
+    /// routing header and first message.
+    async fn first_message<B>(
+        &self,
+        call: &Call,
+        body: &mut RewriteBody<B, RequestSide>,
+        mut go: Go,
+        hold: &mut Option<Hold>,
+        failed: &Slot,
+    ) -> Result<Go, Status>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let first = body.first().await.map_err(|e| {
+            failed
+                .take()
+                .unwrap_or_else(|| Status::cancelled(e.to_string()))
+        })?;
+        while let Some(message) = &first {
+            let side = body.side_mut();
+            side.rewriter.names = go.names.clone();
+            (side.first, side.held) = (true, false);
+            side.sent_to.clear();
+            match body.put_first(message.clone()) {
+                Ok(()) => break,
+                Err(status) if body.side_mut().held => {
+                    let mapping = go.names.mapping.clone();
+                    self.wait(hold, Some(&mapping), status).await?;
+                    let verdict = self
+                        .decide(call)
+                        .inspect_err(|_| self.holds.ended(Ended::Refused))?;
+                    go = self.until_go(call, verdict, hold).await?;
+                }
+                Err(status) => return Err(status),
+            }
+        }
+        let side = body.side_mut();
+        if go.names.access.writes {
+            go.sent_to.extend(side.sent_to.drain(..));
+            if !go.sent_to.is_empty() {
+                side.ticket = Some(self.flights.register(std::mem::take(&mut go.sent_to)));
+            }
+        }
+        Ok(go)
     }
 
     fn outcome(&self, method: &'static str) -> Outcome {
@@ -449,43 +746,21 @@ impl GrpcProxy {
     }
 
     /// The request sent upstream: headers translated, credentials added,
-    /// and the body translated, its first message already checked.
-    async fn upstream_request<B>(
+    /// the body (translated as it streams, its first message checked).
+    async fn upstream_request(
         &self,
         rpc: &Rpc,
-        req: Request<B>,
+        headers: HeaderMap,
+        body: ProxyBody,
         names: &Arc<Names>,
-        failed: &Slot,
         add_credentials: bool,
-    ) -> Result<Request<ProxyBody>, Status>
-    where
-        B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
-        B::Error: Into<BoxError> + std::fmt::Display,
-    {
-        let (parts, body) = req.into_parts();
+    ) -> Result<Request<ProxyBody>, Status> {
         let mut headers =
-            headers::upstream_headers(parts.headers, &names.translator(Direction::ToPhysical))
+            headers::upstream_headers(headers, &names.translator(Direction::ToPhysical))
                 .map_err(from_core)?;
         if add_credentials {
             self.add_credentials(&mut headers).await?;
         }
-        let body = match rpc.request {
-            None => boxed(body),
-            Some(_) => {
-                let rewriter = self.rewriter(names, rpc.request, Direction::ToPhysical, &headers);
-                let side = RequestSide {
-                    rewriter,
-                    failed: failed.clone(),
-                };
-                let mut body = RewriteBody::new(body, side, self.settings.max_message_bytes);
-                if let Err(e) = body.prime().await {
-                    return Err(failed
-                        .take()
-                        .unwrap_or_else(|| Status::cancelled(e.to_string())));
-                }
-                boxed(body)
-            }
-        };
         let uri = upstream_uri(&self.settings.upstream, rpc.path)?;
         let mut request = Request::builder()
             .method(Method::POST)

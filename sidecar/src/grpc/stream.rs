@@ -38,6 +38,19 @@ pub trait Side: Send + Sync + Unpin + 'static {
     /// A refused message or a broken inner stream: trailers that end the
     /// stream with `status`, or an error to abort it with.
     fn fail(&mut self, status: Status) -> Result<HeaderMap, BoxError>;
+
+    /// Before a frame goes on (`last`: the last of what the messages so far
+    /// produced): a status to end the stream with instead (a write cut off
+    /// by a move's fence). The default lets everything go.
+    fn passing(&mut self, _last: bool) -> Option<Status> {
+        None
+    }
+
+    /// Before the stream waits for more of the inner stream: a status to end
+    /// it with (a write cut off); otherwise `cx` is woken when there is one.
+    fn poll_cut(&mut self, _cx: &Context<'_>) -> Option<Status> {
+        None
+    }
 }
 
 /// See the module documentation.
@@ -78,35 +91,67 @@ where
         self
     }
 
-    /// Reads until the first message is rewritten (or the stream ends), so
-    /// that it is checked before anything is sent on. What it produced is
-    /// sent first by the body.
-    pub async fn prime(&mut self) -> Result<(), BoxError> {
-        let mut primed = VecDeque::new();
-        let result = poll_fn(|cx| {
-            while self.messages == 0 && !self.done {
-                match ready!(self.poll_step(cx)) {
-                    Some(Ok(frame)) => primed.push_back(frame),
-                    Some(Err(e)) => return Poll::Ready(Err(e)),
-                    None => break,
-                }
+    /// Reads the first message as it came (or `None` when the stream ends
+    /// without one), so that it is checked before anything is sent on; it is
+    /// sent first once [`RewriteBody::put_first`] has rewritten it.
+    pub async fn first(&mut self) -> Result<Option<Message>, BoxError> {
+        match poll_fn(|cx| self.poll_first(cx)).await {
+            Ok(message) => Ok(Some(message)),
+            // The stream ended before a whole message: its end goes on.
+            Err(Some(Ok(frame))) => {
+                self.pending_trailers = frame.into_trailers().ok();
+                Ok(None)
             }
-            Poll::Ready(Ok(()))
-        })
-        .await;
-        // Frames of the first message, and the trailers if the stream ended.
-        for frame in primed.into_iter().rev() {
-            match frame.into_data() {
-                Ok(data) => self.out.push_front(data),
-                Err(frame) => self.pending_trailers = frame.into_trailers().ok(),
+            Err(Some(Err(e))) => Err(e),
+            Err(None) => Ok(None),
+        }
+    }
+
+    /// Reads until a whole message is decoded; or how the stream ended
+    /// before one (as [`RewriteBody::poll_frame`] would say it).
+    #[allow(clippy::type_complexity)] // the body's own frame type
+    fn poll_first(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Message, Option<Result<Frame<Bytes>, BoxError>>>> {
+        loop {
+            match self.decoder.next_message() {
+                Ok(Some(message)) => return Poll::Ready(Ok(message)),
+                Ok(None) => {}
+                Err(status) => return Poll::Ready(Err(Some(self.fail(from_core(status))))),
+            }
+            match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.decoder.push(data),
+                    Err(frame) => return Poll::Ready(Err(self.end(frame.into_trailers().ok()))),
+                },
+                Some(Err(e)) => {
+                    let status = Status::unavailable(format!("the stream broke: {e}"));
+                    return Poll::Ready(Err(Some(self.fail(status))));
+                }
+                None => return Poll::Ready(Err(self.end(None))),
             }
         }
-        result
+    }
+
+    /// Rewrites the first message (from [`RewriteBody::first`]) with the
+    /// side as it is now; sent first. A refusal leaves the body as it was:
+    /// the message may be put again, with another side.
+    pub fn put_first(&mut self, message: Message) -> Result<(), Status> {
+        self.rewrite(message)
+    }
+
+    /// The side, to change it between tries of [`RewriteBody::put_first`].
+    pub fn side_mut(&mut self) -> &mut S {
+        &mut self.side
     }
 
     fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         loop {
             if let Some(chunk) = self.out.pop_front() {
+                if let Some(status) = self.side.passing(self.out.is_empty()) {
+                    return Poll::Ready(Some(self.fail(status)));
+                }
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
             if self.done {
@@ -135,6 +180,9 @@ where
                 && deadline.as_mut().poll(cx).is_ready()
             {
                 let status = from_core(super::headers::deadline_exceeded());
+                return Poll::Ready(Some(self.fail(status)));
+            }
+            if let Some(status) = self.side.poll_cut(cx) {
                 return Poll::Ready(Some(self.fail(status)));
             }
             match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {

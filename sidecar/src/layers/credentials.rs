@@ -124,6 +124,10 @@ mod tests {
             host: "127.0.0.1:9023".to_owned(),
             upstream_path: PathAndQuery::from_static("/storage/v1/b/photos-k3x9q2mw/o"),
             credentials: None,
+            access: crate::policy::Access {
+                writes: false,
+                stale: None,
+            },
         }
     }
 

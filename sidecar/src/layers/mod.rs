@@ -8,12 +8,14 @@
 //! 3. [`crate::grpc::layer`]: gRPC calls leave for [`crate::grpc`];
 //! 4. [`refuse`]: refuses what cannot be rewritten (a bad
 //!    `X-HTTP-Method-Override`, shapes the router does not know, signed
-//!    URLs and HMAC signatures, names the map cannot translate), and hands
-//!    the routed request on as a [`refuse::Routed`];
+//!    URLs and HMAC signatures, names the map cannot translate), holds the
+//!    writes a move's fence holds ([`crate::hold`]), and hands the routed
+//!    request on as a [`refuse::Routed`];
 //! 5. [`credentials`]: Application Default Credentials for requests whose
 //!    own `Authorization` does not reach the upstream;
 //! 6. the core: rewrite, forward through [`timeout`] (the upstream call's
-//!    time limit), rewrite back.
+//!    time limit), rewrite back; a write's body is registered among the
+//!    writes in flight ([`crate::flights`]) until it is complete.
 //!
 //! Layers below [`record`] answer with an [`Answer`]: the response, its
 //! operation label and, for answers the sidecar gave itself, [`Rejected`].

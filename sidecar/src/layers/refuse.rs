@@ -16,10 +16,11 @@ use std::task::{Context, Poll};
 use http::header::{HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
 use http::{Method, Request};
-use tower::{Layer, Service};
+use tower::{Layer, Service, ServiceExt as _};
 
-use super::{Answer, Either, rejection};
+use super::{Answer, BoxFuture, Either, rejection};
 use crate::errors::{ApiError, ErrorStyle};
+use crate::hold::{Ended, Holds};
 use crate::hop_by_hop::forwards_authorization;
 use crate::host::virtual_host;
 use crate::mapping::{Mapping, MappingStore};
@@ -47,9 +48,30 @@ pub struct Routed<B> {
     /// Headers to add upstream when the request's own `Authorization` does
     /// not reach it (set by [`super::credentials`]).
     pub credentials: Option<HeaderMap>,
+    /// Whether the request writes and the map was stale when it was
+    /// decided: names in its body meet a move's fence with it.
+    pub access: policy::Access,
 }
 
-/// Refuses what cannot be rewritten; routes the rest.
+impl<B> Routed<B> {
+    /// The same request with its body made by `f`.
+    pub fn map_body<C>(self, f: impl FnOnce(B) -> C) -> Routed<C> {
+        Routed {
+            request: self.request.map(f),
+            route: self.route,
+            method: self.method,
+            mapping: self.mapping,
+            host: self.host,
+            upstream_path: self.upstream_path,
+            credentials: self.credentials,
+            access: self.access,
+        }
+    }
+}
+
+/// Refuses what cannot be rewritten; routes the rest. A write a move's
+/// fence holds ([`Decision::Hold`]) is kept, its body unread, and decided
+/// again when the map changes ([`crate::hold`]).
 #[derive(Clone, Debug)]
 pub struct RefuseLayer {
     mapping: Arc<MappingStore>,
@@ -58,18 +80,46 @@ pub struct RefuseLayer {
     /// without `Host`.
     listen: SocketAddr,
     allow_physical_names: bool,
+    holds: Holds,
+}
+
+/// Why a request does not go on at once.
+pub(crate) enum Stop<B> {
+    /// Answered with this refusal.
+    Refused(Refusal),
+    /// Held by a move's fence (boxed: holds are rare, refusals are not).
+    Held(Box<Held<B>>),
+}
+
+impl<B> From<Refusal> for Stop<B> {
+    fn from(refusal: Refusal) -> Self {
+        Stop::Refused(refusal)
+    }
+}
+
+/// A request held by a move's fence: decided again when the map changes.
+pub(crate) struct Held<B> {
+    /// The request, its body unread (or read whole, held by a name in it).
+    pub(crate) request: Request<B>,
+    /// The map it was held with.
+    pub(crate) mapping: Option<Arc<Mapping>>,
+    /// The answer when the hold limit passes.
+    pub(crate) refusal: Refusal,
 }
 
 impl RefuseLayer {
     /// `listen` stands for the host of requests without `Host`; with
-    /// `allow_physical_names`, the physical names of mapped buckets are accepted too.
+    /// `allow_physical_names`, the physical names of mapped buckets are
+    /// accepted too; a held write is answered when `hold_limit` passes.
     pub fn new(
         mapping: Arc<MappingStore>,
         metrics: Arc<Metrics>,
         listen: SocketAddr,
         allow_physical_names: bool,
+        hold_limit: std::time::Duration,
     ) -> Self {
         Self {
+            holds: Holds::new(mapping.clone(), hold_limit, metrics.clone()),
             mapping,
             metrics,
             listen,
@@ -77,11 +127,17 @@ impl RefuseLayer {
         }
     }
 
-    /// The routed request, or why it is refused (counted in
-    /// `refused_requests` when the router refused it). The decision is the
-    /// policy's ([`policy::decide`]); this front end translates the request
-    /// into the policy's model ([`model`]) and renders the refusal.
-    fn check<B>(&self, req: Request<B>) -> Result<Routed<B>, Refusal> {
+    /// The holds of this front end.
+    pub(crate) fn holds(&self) -> &Holds {
+        &self.holds
+    }
+
+    /// The routed request, or why it does not go on (a refusal counted in
+    /// `refused_requests` when the router refused it, or a hold). The
+    /// decision is the policy's ([`policy::decide`]); this front end
+    /// translates the request into the policy's model ([`model`]) and
+    /// renders the refusal.
+    pub(crate) fn check<B>(&self, req: Request<B>) -> Result<Routed<B>, Stop<B>> {
         let mapping = self.mapping.current();
         let (host, bucket) = virtual_host(&req, mapping.as_deref(), self.listen);
         let (path, query) = (req.uri().path(), req.uri().query());
@@ -100,6 +156,10 @@ impl RefuseLayer {
             adc: false,
             stale: self.mapping.staleness(),
         };
+        let access = policy::Access {
+            writes: !policy::is_read_method(&method),
+            stale: cx.stale,
+        };
         let (style, operation) = match &routed {
             Ok(routed) => (routed.api.error_style(), routed.operation),
             Err(_) => (guess_style(path), "unrouted"),
@@ -110,15 +170,23 @@ impl RefuseLayer {
             (Ok(routed), Decision::Forward { physical, .. }) => {
                 physical_path(routed, &physical, path, query).map_err(refuse)?
             }
-            (_, Decision::Refuse(error)) => return Err(refuse(error)),
+            (_, Decision::Refuse(error)) => return Err(refuse(error).into()),
+            (_, Decision::Hold { bucket, .. }) => {
+                let refusal = refuse(ApiError::moving(bucket));
+                return Err(Stop::Held(Box::new(Held {
+                    request: req,
+                    mapping: mapping.clone(),
+                    refusal,
+                })));
+            }
             // The policy forwards routed requests only.
             (Err(e), Decision::Forward { .. }) => {
-                return Err(refuse(ApiError::refused_request(e)));
+                return Err(refuse(ApiError::refused_request(e)).into());
             }
         };
         // The policy forwards only with a map.
         let (Ok(routed), Some(mapping)) = (routed, mapping) else {
-            return Err(refuse(ApiError::not_ready()));
+            return Err(refuse(ApiError::not_ready()).into());
         };
         Ok(Routed {
             request: req,
@@ -128,7 +196,35 @@ impl RefuseLayer {
             host,
             upstream_path,
             credentials: None,
+            access,
         })
+    }
+
+    /// Holds `held` until the map changes, and decides again, until it goes
+    /// on (to `inner`), is refused, or the hold limit passes.
+    async fn hold<S, B>(&self, mut held: Box<Held<B>>, inner: S) -> Answer
+    where
+        S: Service<Routed<B>, Response = Answer, Error = Infallible>,
+    {
+        let hold = self.holds.start();
+        loop {
+            if !self.holds.wait(&hold, held.mapping.as_ref()).await {
+                self.holds.ended(Ended::TimedOut);
+                return held.refusal.answer();
+            }
+            match self.check(held.request) {
+                Ok(routed) => {
+                    self.holds.ended(Ended::Forwarded);
+                    let Ok(answer) = inner.oneshot(routed).await;
+                    return answer;
+                }
+                Err(Stop::Refused(refusal)) => {
+                    self.holds.ended(Ended::Refused);
+                    return refusal.answer();
+                }
+                Err(Stop::Held(again)) => held = again,
+            }
+        }
     }
 }
 
@@ -162,19 +258,25 @@ pub fn model<'a>(
 }
 
 /// Why a request is refused, and how to say it.
-struct Refusal {
+pub(crate) struct Refusal {
     error: ApiError,
     style: ErrorStyle,
     operation: &'static str,
 }
 
 impl Refusal {
-    fn new(error: ApiError, style: ErrorStyle, operation: &'static str) -> Self {
+    /// `error`, said in `style`, for a request labelled `operation`.
+    pub(crate) fn new(error: ApiError, style: ErrorStyle, operation: &'static str) -> Self {
         Self {
             error,
             style,
             operation,
         }
+    }
+
+    /// The answer to the client.
+    pub(crate) fn answer(self) -> Answer {
+        rejection(self.error, self.style, self.operation)
     }
 }
 
@@ -198,11 +300,16 @@ pub struct Refuse<S> {
 
 impl<S, B> Service<Request<B>> for Refuse<S>
 where
-    S: Service<Routed<B>, Response = Answer, Error = Infallible>,
+    S: Service<Routed<B>, Response = Answer, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
 {
     type Response = Answer;
     type Error = Infallible;
-    type Future = Either<Ready<Result<Answer, Infallible>>, S::Future>;
+    type Future = Either<
+        Ready<Result<Answer, Infallible>>,
+        Either<S::Future, BoxFuture<Result<Answer, Infallible>>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -210,12 +317,13 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         match self.layer.check(req) {
-            Ok(routed) => Either::right(self.inner.call(routed)),
-            Err(Refusal {
-                error,
-                style,
-                operation,
-            }) => Either::left(ready(Ok(rejection(error, style, operation)))),
+            Ok(routed) => Either::right(Either::left(self.inner.call(routed))),
+            Err(Stop::Refused(refusal)) => Either::left(ready(Ok(refusal.answer()))),
+            Err(Stop::Held(held)) => {
+                let (layer, inner) = (self.layer.clone(), self.inner.clone());
+                let held = async move { Ok(layer.hold(held, inner).await) };
+                Either::right(Either::right(Box::pin(held)))
+            }
         }
     }
 }
@@ -340,7 +448,13 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let listen = SocketAddr::from(([127, 0, 0, 1], 9023));
         (
-            RefuseLayer::new(store, metrics.clone(), listen, false),
+            RefuseLayer::new(
+                store,
+                metrics.clone(),
+                listen,
+                false,
+                std::time::Duration::from_secs(30),
+            ),
             metrics,
         )
     }
@@ -529,5 +643,61 @@ mod tests {
             seen[0].1,
             format!("/storage/v1/b/{PHYSICAL}/o/x/rewriteTo/b/{PHYSICAL}/o/y")
         );
+    }
+
+    fn held_requests(metrics: &Metrics, outcome: &'static str) -> u64 {
+        let labels = crate::metrics::HoldLabels { outcome };
+        metrics.held_requests.get_or_create(&labels).get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_write_goes_to_the_bucket_the_map_opens_or_is_refused_at_the_limit() {
+        let store = Arc::new(MappingStore::new(None, Vec::new()));
+        let fenced = [("photos".to_owned(), format!("{PHYSICAL};fenced"))];
+        store.set(Mapping::new(fenced).unwrap_or_else(|e| panic!("{e}")));
+        let metrics = Arc::new(Metrics::new());
+        let listen = SocketAddr::from(([127, 0, 0, 1], 9023));
+        let limit = std::time::Duration::from_secs(30);
+        let layer = RefuseLayer::new(store.clone(), metrics.clone(), listen, false, limit);
+        let write = || request(Method::DELETE, "/storage/v1/b/photos/o/x", &[]);
+        // A read of the fenced entry goes on at once, to its bucket.
+        let handed = hand_on(
+            &layer,
+            request(Method::GET, "/storage/v1/b/photos/o/x", &[]),
+        )
+        .await;
+        let seen = handed.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(seen[0].1, format!("/storage/v1/b/{PHYSICAL}/o/x"));
+        // A write waits for the map; the move opens the entry elsewhere.
+        let started = tokio::time::Instant::now();
+        let moved = [("photos".to_owned(), "photos-n3wn3wn3".to_owned())];
+        let moved = Mapping::new(moved).unwrap_or_else(|e| panic!("{e}"));
+        let (handed, ()) = tokio::join!(hand_on(&layer, write()), async {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            store.set(moved);
+        });
+        let waited = started.elapsed();
+        assert!(
+            waited >= std::time::Duration::from_secs(5),
+            "not held: {waited:?}"
+        );
+        let seen = handed.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].1, "/storage/v1/b/photos-n3wn3wn3/o/x");
+        assert_eq!(held_requests(&metrics, "forwarded"), 1);
+        // Fenced again, and nothing changes: refused 503 at the limit.
+        let fenced = [("photos".to_owned(), "photos-n3wn3wn3;fenced".to_owned())];
+        store.set(Mapping::new(fenced).unwrap_or_else(|e| panic!("{e}")));
+        let started = tokio::time::Instant::now();
+        let (answer, called) = refuse(&layer, write()).await;
+        assert!(!called, "a held write reached the core");
+        assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
+        assert_eq!(answer.response.status(), 503);
+        let text = String::from_utf8_lossy(&body(answer.response).await).into_owned();
+        assert!(
+            text.contains("backendNotReady") && text.contains("move"),
+            "{text}"
+        );
+        assert_eq!(held_requests(&metrics, "timed_out"), 1);
     }
 }

@@ -14,6 +14,7 @@ mod auth;
 mod cli;
 mod client_libraries;
 mod common;
+mod fence;
 mod full_flow;
 mod grpc_clients_direct;
 mod grpc_schema;

@@ -244,6 +244,7 @@ fn proxy(
         listen: options.configured_listen.unwrap_or(addr),
         advertise_url: options.advertise_url.clone(),
         upstream_http: options.upstream_http,
+        hold_limit: Duration::from_secs(30),
     };
     let client = build_client(
         &upstream.url(),
@@ -277,6 +278,7 @@ impl Sidecar {
             upstream: upstream.url(),
             allow_physical_names: options.allow_physical,
             max_message_bytes: 1 << 20,
+            hold_limit: Duration::from_secs(30),
         };
         let grpc = Arc::new(GrpcProxy::new(
             build_grpc_client(

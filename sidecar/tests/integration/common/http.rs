@@ -90,7 +90,9 @@ impl Request {
     }
 
     /// Send the body in `pieces` writes with `pause` between them, so the
-    /// request stays in flight for about `pieces * pause`.
+    /// request stays in flight for about `pieces * pause`. Sending stops
+    /// once an answer starts to arrive: the sidecar answers a write it cut
+    /// off without reading the rest of the body.
     pub fn send_paced(&self, addr: SocketAddr, pieces: usize, pause: Duration) -> Result<Response> {
         let what = format!("{} {} to {addr}", self.method, self.target);
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
@@ -108,10 +110,20 @@ impl Request {
         } else {
             let size = self.body.len().div_ceil(pieces).max(1);
             for piece in self.body.chunks(size) {
-                stream
-                    .write_all(piece)
-                    .with_context(|| format!("cannot send the body of {what}"))?;
-                stream.flush()?;
+                if answered(&stream)? {
+                    break;
+                }
+                if let Err(e) = stream.write_all(piece) {
+                    // Answered and closed while the body was on its way:
+                    // the answer is what counts, if there is one.
+                    let mut raw = Vec::new();
+                    let _ = read_to_end_tolerant(&mut stream, &mut raw);
+                    if raw.is_empty() {
+                        return Err(e).with_context(|| format!("cannot send the body of {what}"));
+                    }
+                    return parse_response(&raw, false)
+                        .with_context(|| format!("bad response to {what}"));
+                }
                 thread::sleep(pause);
             }
         }
@@ -121,6 +133,14 @@ impl Request {
         parse_response(&raw, self.method == "HEAD")
             .with_context(|| format!("bad response to {what}"))
     }
+}
+
+/// Whether the answer to a request on `stream` has started to arrive.
+fn answered(stream: &TcpStream) -> Result<bool> {
+    stream.set_nonblocking(true)?;
+    let peeked = stream.peek(&mut [0u8; 1]);
+    stream.set_nonblocking(false)?;
+    Ok(matches!(peeked, Ok(n) if n > 0))
 }
 
 /// GET `target` and read the response slowly (`piece` bytes, then `pause`),
